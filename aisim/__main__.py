@@ -1,0 +1,3 @@
+from aisim.app import main
+
+main()

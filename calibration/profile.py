@@ -1,0 +1,65 @@
+"""Calibrated profiles: the fitted constants of one hardware, as a versioned JSON document.
+
+Schema ``aisim.profile/1``::
+
+    {"schema": "aisim.profile/1", "hardware": "a100-80gb", "constants": {<Constants field>: SI value},
+     "fitted": [names of free constants], "data_sha256": "...", "rows": N,
+     "fit": {"in_sample_mape_pct": ..., "cv_mape_pct": ...}, "created_by": "aisim 0.1.0"}
+
+``constants`` may hold any subset of :class:`perfmodel.constants.Constants` fields; the rest
+come from the hardware preset. Collaboration profiles (``aisim collab fit``) add their own keys.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from perfmodel.constants import Constants, constants_from_si_dict
+from perfmodel.errors import AisimError
+
+PROFILE_SCHEMA = "aisim.profile/1"
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """Reads and validates a profile JSON document (any aisim profile kind)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AisimError(f"{path}: profile file not found") from None
+    except json.JSONDecodeError as e:
+        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+        raise AisimError(f"{path}: field 'schema' = {doc.get('schema') if isinstance(doc, dict) else doc!r}: "
+                         f"expected {PROFILE_SCHEMA!r} (write one with `aisim calibrate fit --out`)")
+    return doc
+
+
+def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profile") -> Constants:
+    """The profile's constants over ``base`` (a hardware preset's defaults)."""
+    consts = doc.get("constants", {})
+    if not isinstance(consts, dict):
+        raise AisimError(f"{where}: field 'constants' must be an object of SI values")
+    for k, v in consts.items():
+        if not hasattr(base, k):
+            raise AisimError(f"{where}: field 'constants.{k}' is not a model constant")
+        vals = v if isinstance(v, list) else [v]
+        if not all(isinstance(x, int | float) and x >= 0 for x in vals):
+            raise AisimError(f"{where}: field 'constants.{k}' = {v!r}: expected non-negative SI numbers")
+    return constants_from_si_dict(consts, base)
+
+
+def load_profile_constants(path: str | Path, hardware_name: str, base: Constants) -> Constants:
+    """Loads a profile for ``hardware_name`` and applies it over ``base``.
+
+    Raises:
+      AisimError: the file is not a profile, or was fitted for other hardware.
+    """
+    doc = read_profile(path)
+    hw = str(doc.get("hardware", "")).lower()
+    if hw and hw != hardware_name.lower():
+        raise AisimError(f"{path}: field 'hardware' = {hw!r}: this profile was fitted for {hw}, "
+                         f"but the run uses {hardware_name!r} (pass --hardware {hw})")
+    return profile_constants(doc, base, str(path))

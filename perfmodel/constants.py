@@ -1,0 +1,105 @@
+"""The model's calibratable constants: efficiencies, overheads and link behaviour (a pytree).
+
+Every field is an array leaf so that ``calibration`` can differentiate through it, and the grid
+can be evaluated under a calibrated profile unchanged. Defaults come from each hardware preset's
+``constants`` block; a calibrated profile (``aisim calibrate fit --out``) overrides them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from perfmodel import units
+from perfmodel.errors import bad_value
+
+TIER_KEYS = ("intra_node", "inter_node", "wan")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """Efficiency and overhead constants (SI units; all leaves).
+
+    Attributes:
+      matmul_efficiency_max: asymptotic fraction of tensor peak reached by large matmuls.
+      matmul_half_flops: matmul size (FLOPs per kernel) at which half of the maximum is reached;
+        efficiency is ``max · F / (F + F_half)``.
+      memory_efficiency_max: asymptotic fraction of HBM bandwidth reached by memory-bound kernels.
+      memory_half_bytes: bytes per kernel at which memory efficiency is half of its maximum.
+      kernel_overhead_s: launch and tail cost per kernel.
+      link_bandwidth_efficiency: achieved / line-rate bandwidth per tier (intra, inter, wan).
+      link_latency_s: the alpha of each tier.
+      dp_overlap_fraction: the most of the DP gradient traffic hidden behind the backward pass.
+      microbatch_overhead_s: fixed scheduling cost per microbatch (per model chunk).
+      optimizer_time_factor: multiplier on the memory-bound optimizer-step time.
+    """
+
+    matmul_efficiency_max: Float[Array, ""]
+    matmul_half_flops: Float[Array, ""]
+    memory_efficiency_max: Float[Array, ""]
+    memory_half_bytes: Float[Array, ""]
+    kernel_overhead_s: Float[Array, ""]
+    link_bandwidth_efficiency: Float[Array, " tiers"]
+    link_latency_s: Float[Array, " tiers"]
+    dp_overlap_fraction: Float[Array, ""]
+    microbatch_overhead_s: Float[Array, ""]
+    optimizer_time_factor: Float[Array, ""]
+
+
+# name in the JSON file -> (Constants field, scale to SI, unit for messages, upper bound)
+_FILE_FIELDS = {
+    "matmul_efficiency_max": ("matmul_efficiency_max", 1.0, "a fraction in (0, 1]", 1.0),
+    "matmul_half_gflop": ("matmul_half_flops", units.GIGA, "GFLOP per kernel", math.inf),
+    "memory_efficiency_max": ("memory_efficiency_max", 1.0, "a fraction in (0, 1]", 1.0),
+    "memory_half_mib": ("memory_half_bytes", units.MIB, "MiB per kernel", math.inf),
+    "kernel_overhead_us": ("kernel_overhead_s", units.US, "microseconds", math.inf),
+    "dp_overlap_fraction": ("dp_overlap_fraction", 1.0, "a fraction in [0, 1]", 1.0),
+    "microbatch_overhead_ms": ("microbatch_overhead_s", units.MS, "milliseconds", math.inf),
+    "optimizer_time_factor": ("optimizer_time_factor", 1.0, "a positive factor", math.inf),
+}
+_DEFAULTS = {
+    "matmul_efficiency_max": 0.85, "matmul_half_gflop": 1.0, "memory_efficiency_max": 0.85,
+    "memory_half_mib": 1.0, "kernel_overhead_us": 5.0, "dp_overlap_fraction": 0.8,
+    "microbatch_overhead_ms": 0.0, "optimizer_time_factor": 1.0,
+}
+
+
+def constants_from_dict(doc: dict[str, Any], link_latency_s, where: str) -> Constants:
+    """Builds :class:`Constants` from a preset's ``constants`` block (human units, validated)."""
+    values: dict[str, Any] = {}
+    for key, (field, scale, unit, upper) in _FILE_FIELDS.items():
+        v = doc.get(key, _DEFAULTS[key])
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or v > upper:
+            raise bad_value(where, f"constants.{key}", v, unit)
+        values[field] = jnp.asarray(float(v) * scale, jnp.float32)
+    eff = doc.get("link_bandwidth_efficiency", {})
+    effs = []
+    for tier in TIER_KEYS:
+        v = eff.get(tier, 0.8) if isinstance(eff, dict) else None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+            raise bad_value(where, f"constants.link_bandwidth_efficiency.{tier}", v, "a fraction in (0, 1]")
+        effs.append(float(v))
+    values["link_bandwidth_efficiency"] = jnp.asarray(effs, jnp.float32)
+    values["link_latency_s"] = jnp.asarray(link_latency_s, jnp.float32)
+    return Constants(**values)
+
+
+def constants_to_dict(c: Constants) -> dict[str, Any]:
+    """Plain-float view of the constants in SI units, for reports and profiles."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(c):
+        v = jnp.asarray(getattr(c, f.name))
+        out[f.name] = [float(x) for x in v.tolist()] if v.ndim else float(v)
+    return out
+
+
+def constants_from_si_dict(d: dict[str, Any], base: Constants) -> Constants:
+    """Inverse of :func:`constants_to_dict`; fields absent from ``d`` keep ``base``'s values."""
+    changes = {k: jnp.asarray(v, jnp.float32) for k, v in d.items() if hasattr(base, k)}
+    return dataclasses.replace(base, **changes)

@@ -1,0 +1,174 @@
+"""Hardware descriptions: datasheet numbers as a pytree, loaded from JSON presets or user files.
+
+A preset (``profiles/hardware/*.json``) gives peak FLOP/s per dtype, HBM bandwidth and capacity,
+three link tiers (intra-node, inter-node per GPU, WAN between sites) with bandwidth, latency and
+devices per tier, an optional price per device-hour, and the uncalibrated model constants
+(see :mod:`perfmodel.constants`). Human units in the file (TFLOPS, GB/s, GiB, µs) are converted to
+SI once, here. :class:`HardwareSpec` holds only numbers (array leaves), so that it can be vmapped
+and differentiated; names and citations live in the plain :class:`Hardware` wrapper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from perfmodel import units
+from perfmodel.constants import Constants, constants_from_dict
+from perfmodel.errors import AisimError, bad_value, suggest
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+TIERS = ("intra_node", "inter_node", "wan")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HardwareSpec:
+    """Numbers of one device type and its links (SI units; all leaves)."""
+
+    peak_flops_per_s: Float[Array, " dtypes"]  # fp32, tf32, bf16, fp16, fp8; 0 = unsupported
+    memory_bandwidth_bytes_per_s: Float[Array, ""]
+    memory_capacity_bytes: Float[Array, ""]
+    link_bandwidth_bytes_per_s: Float[Array, " tiers"]  # per device, per direction
+    link_latency_s: Float[Array, " tiers"]
+    gpus_per_node: Float[Array, ""]
+    price_per_device_hour_usd: Float[Array, ""]  # NaN when unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """A named hardware preset: the spec, its default constants and where they come from."""
+
+    name: str
+    description: str
+    spec: HardwareSpec
+    constants: Constants
+    sources: dict[str, str]
+    link_technology: dict[str, str]
+    path: str = ""
+
+    def replace_spec(self, **changes: Any) -> Hardware:
+        """Returns a copy with some spec fields replaced (values in SI units)."""
+        new = dataclasses.replace(
+            self.spec, **{k: jnp.asarray(v, jnp.float32) for k, v in changes.items()}
+        )
+        return dataclasses.replace(self, spec=new)
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("perfmodel") / "profiles" / "hardware"))
+
+
+def hardware_names() -> list[str]:
+    """Names of the shipped hardware presets (lowercase, hyphenated)."""
+    return sorted(p.stem for p in _presets_dir().glob("*.json"))
+
+
+def _number(where: str, field: str, value: Any, unit: str, *, allow_none=False, positive=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_value(where, field, value, f"a number in {unit}")
+    if value < 0 or (positive and value == 0):
+        raise bad_value(where, field, value, f"a {'positive' if positive else 'non-negative'} number in {unit}")
+    return float(value)
+
+
+def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
+    """Validates a hardware description (the JSON schema of the presets) and converts it to SI.
+
+    Raises:
+      AisimError: naming ``where``, the field, the bad value and the expected unit.
+    """
+    if not isinstance(doc, dict):
+        raise AisimError(f"{where}: expected a JSON object with hardware fields")
+    required = ("peak_tflops", "memory_bandwidth_gb_per_s", "memory_capacity_gib", "links")
+    for key in required:
+        if key not in doc:
+            raise AisimError(f"{where}: missing field '{key}' (see `aisim presets hardware` and README 'Adding a preset')")
+    peaks = doc["peak_tflops"]
+    if not isinstance(peaks, dict):
+        raise bad_value(where, "peak_tflops", peaks, "an object {fp32: TFLOPS, bf16: TFLOPS, ...}")
+    unknown = set(peaks) - set(DTYPES)
+    if unknown:
+        raise bad_value(where, "peak_tflops", sorted(unknown)[0], f"dtype keys among {', '.join(DTYPES)}")
+    peak = []
+    for dt in DTYPES:
+        v = _number(where, f"peak_tflops.{dt}", peaks.get(dt), "TFLOP/s", allow_none=True)
+        peak.append(0.0 if v is None else v * units.TERA)
+    if peak[0] == 0.0:
+        raise AisimError(f"{where}: field 'peak_tflops.fp32' is missing: expected a positive number in TFLOP/s")
+    links = doc["links"]
+    if not isinstance(links, dict):
+        raise bad_value(where, "links", links, "an object with intra_node, inter_node and wan tiers")
+    bw, lat, tech = [], [], {}
+    for tier in TIERS:
+        if tier not in links:
+            raise AisimError(f"{where}: missing field 'links.{tier}' (bandwidth_gb_per_s, latency_us)")
+        t = links[tier]
+        bw.append(_number(where, f"links.{tier}.bandwidth_gb_per_s", t.get("bandwidth_gb_per_s"), "GB/s") * units.GIGA)
+        lat.append(_number(where, f"links.{tier}.latency_us", t.get("latency_us"), "microseconds", positive=False) * units.US)
+        tech[tier] = str(t.get("technology", ""))
+    price = doc.get("price_per_device_hour_usd")
+    price = _number(where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True)
+    gpn = _number(where, "gpus_per_node", doc.get("gpus_per_node", 8), "devices per node")
+    spec = HardwareSpec(
+        peak_flops_per_s=jnp.asarray(peak, jnp.float32),
+        memory_bandwidth_bytes_per_s=jnp.asarray(
+            _number(where, "memory_bandwidth_gb_per_s", doc["memory_bandwidth_gb_per_s"], "GB/s") * units.GIGA, jnp.float32),
+        memory_capacity_bytes=jnp.asarray(
+            _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB") * units.GIB, jnp.float32),
+        link_bandwidth_bytes_per_s=jnp.asarray(bw, jnp.float32),
+        link_latency_s=jnp.asarray(lat, jnp.float32),
+        gpus_per_node=jnp.asarray(gpn, jnp.float32),
+        price_per_device_hour_usd=jnp.asarray(math.nan if price is None else price, jnp.float32),
+    )
+    consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
+    return Hardware(
+        name=str(doc.get("name", Path(where).stem)).lower(),
+        description=str(doc.get("description", "")),
+        spec=spec,
+        constants=consts,
+        sources=dict(doc.get("sources", {})),
+        link_technology=tech,
+        path=where,
+    )
+
+
+def load_hardware_file(path: str | Path) -> Hardware:
+    """Loads and validates a user hardware JSON file (same schema as the presets)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AisimError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return hardware_from_dict(doc, str(path))
+
+
+def load_hardware(name: str) -> Hardware:
+    """Loads a shipped preset by name, case-insensitively (``A100-80GB`` == ``a100-80gb``).
+
+    Raises:
+      AisimError: unknown name, with the closest names suggested.
+    """
+    key = name.strip().lower()
+    names = hardware_names()
+    if key not in names:
+        raise AisimError(f"unknown hardware preset {name!r}{suggest(key, names)}")
+    path = _presets_dir() / f"{key}.json"
+    return hardware_from_dict(json.loads(path.read_text()), str(path))
+
+
+def peak_for_dtype(spec: HardwareSpec, dtype_code) -> Float[Array, ""]:
+    """Peak FLOP/s of the tensor units for a dtype code (index into :data:`DTYPES`)."""
+    return spec.peak_flops_per_s[jnp.asarray(dtype_code, jnp.int32)]

@@ -1,0 +1,345 @@
+"""Model descriptions (transformer, MLP) and their parameter, FLOP and byte counts.
+
+:class:`ModelSpec` holds the dimensions as array leaves (so rows of different models can be
+vmapped together) and one static choice, ``kind``. Counting follows Megatron-LM's GPT layer
+(Narayanan et al. SC21, §5 and eq. 3): per layer and microbatch of ``b`` sequences of length
+``s``, the forward pass costs ``24·b·s·h² + 4·b·s²·h`` FLOPs with ``ffn = 4h``, generalised here
+to grouped-query attention (``num_kv_heads``) and gated (SwiGLU) MLPs. Backward costs twice the
+forward. Bytes are the HBM traffic of each kernel (inputs read, outputs written) for the
+roofline. Presets are the JSON files in ``profiles/models``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from perfmodel import units
+from perfmodel.errors import AisimError, bad_value, suggest
+
+KINDS = ("transformer", "mlp")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Dimensions of one model (all array leaves except ``kind``).
+
+    For ``kind="mlp"``, ``num_layers`` linear layers map ``input_size -> hidden_size -> ... ->
+    output_size``; the transformer-only fields are unused. Boolean properties are 0/1 floats.
+    """
+
+    num_layers: Float[Array, ""]
+    hidden_size: Float[Array, ""]
+    num_heads: Float[Array, ""]
+    num_kv_heads: Float[Array, ""]
+    ffn_hidden_size: Float[Array, ""]
+    seq_len: Float[Array, ""]
+    vocab_size: Float[Array, ""]
+    gated_mlp: Float[Array, ""]
+    tied_embeddings: Float[Array, ""]
+    learned_pos_emb: Float[Array, ""]
+    bias: Float[Array, ""]
+    input_size: Float[Array, ""]
+    output_size: Float[Array, ""]
+    kind: str = jax.tree.static(default="transformer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A named model: its spec, the published parameter count and the citation."""
+
+    name: str
+    spec: ModelSpec
+    published_params: float | None = None
+    source: str = ""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class OpClass:
+    """One class of kernels: total FLOPs, total HBM bytes and number of kernels launched."""
+
+    flops: Float[Array, ""]
+    bytes: Float[Array, ""]
+    kernels: Float[Array, ""]
+    tensor: bool = jax.tree.static(default=True)  # runs on tensor cores (matmul) or not
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LayerOps:
+    """Forward-pass kernels of one transformer layer (or one MLP layer) for one microbatch."""
+
+    qkv: OpClass
+    attention: OpClass  # Q·Kᵀ and P·V batched matmuls
+    softmax: OpClass  # scale, mask, softmax, dropout on the score tensor
+    proj: OpClass
+    mlp: OpClass
+    elementwise: OpClass  # layer norms, residual adds, dropouts, activation function
+
+
+_F = jnp.float32
+_SPEC_FIELDS = [f.name for f in dataclasses.fields(ModelSpec) if f.name != "kind"]
+
+
+def _models_dir() -> Path:
+    return Path(str(resources.files("perfmodel") / "profiles" / "models"))
+
+
+def model_names() -> list[str]:
+    """Names of the shipped model presets."""
+    return sorted(p.stem for p in _models_dir().glob("*.json"))
+
+
+def _get(where: str, doc: dict, key: str, *, minimum: float = 1.0, default: Any = None) -> float:
+    v = doc.get(key, default)
+    if v is None:
+        raise AisimError(f"{where}: missing field '{key}': expected a positive integer")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
+        raise bad_value(where, key, v, f"an integer >= {minimum:g}")
+    return float(v)
+
+
+def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
+    """Validates a model description (schema of the presets) and builds a :class:`Model`."""
+    if not isinstance(doc, dict):
+        raise AisimError(f"{where}: expected a JSON object with model fields")
+    kind = str(doc.get("kind", "transformer")).lower()
+    if kind not in KINDS:
+        raise bad_value(where, "kind", doc.get("kind"), "'transformer' or 'mlp'")
+    layers = _get(where, doc, "num_layers")
+    hidden = _get(where, doc, "hidden_size")
+    if kind == "transformer":
+        heads = _get(where, doc, "num_heads")
+        kv = _get(where, doc, "num_kv_heads", default=heads)
+        if heads % kv:
+            raise bad_value(where, "num_kv_heads", kv, f"a divisor of num_heads={heads:g}")
+        if hidden % heads:
+            raise bad_value(where, "hidden_size", hidden, f"a multiple of num_heads={heads:g}")
+        vals = dict(
+            num_heads=heads, num_kv_heads=kv,
+            ffn_hidden_size=_get(where, doc, "ffn_hidden_size", default=4 * hidden),
+            seq_len=_get(where, doc, "seq_len"), vocab_size=_get(where, doc, "vocab_size"),
+            gated_mlp=float(bool(doc.get("gated_mlp", False))),
+            tied_embeddings=float(bool(doc.get("tied_embeddings", True))),
+            learned_pos_emb=float(bool(doc.get("learned_pos_emb", True))),
+            bias=float(bool(doc.get("bias", True))), input_size=0.0, output_size=0.0,
+        )
+    else:
+        vals = dict(
+            num_heads=1.0, num_kv_heads=1.0, ffn_hidden_size=hidden, seq_len=1.0, vocab_size=0.0,
+            gated_mlp=0.0, tied_embeddings=0.0, learned_pos_emb=0.0,
+            bias=float(bool(doc.get("bias", False))),
+            input_size=_get(where, doc, "input_size", default=hidden),
+            output_size=_get(where, doc, "output_size", default=hidden),
+        )
+    spec = ModelSpec(num_layers=jnp.asarray(layers, _F), hidden_size=jnp.asarray(hidden, _F),
+                     kind=kind, **{k: jnp.asarray(v, _F) for k, v in vals.items()})
+    pub = doc.get("published_params")
+    return Model(name=str(doc.get("name", Path(where).stem)).lower(), spec=spec,
+                 published_params=None if pub is None else float(pub), source=str(doc.get("source", "")))
+
+
+def load_model(name: str) -> Model:
+    """Loads a shipped model preset by name, case-insensitively (``gpt3-175B`` works)."""
+    key = name.strip().lower()
+    names = model_names()
+    if key not in names:
+        raise AisimError(f"unknown model preset {name!r}{suggest(key, names)}")
+    path = _models_dir() / f"{key}.json"
+    return model_from_dict(json.loads(path.read_text()), str(path))
+
+
+def load_model_file(path: str | Path) -> Model:
+    """Loads and validates a user model JSON file (same schema as the presets)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AisimError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return model_from_dict(doc, str(path))
+
+
+def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp") -> Model:
+    """A generic MLP from its layer widths, e.g. ``[784, 200, 200, 10]``.
+
+    The hidden widths must be equal (``in -> h -> ... -> h -> out``), the shape the model uses.
+    """
+    if len(widths) < 2 or any(int(w) != w or w < 1 for w in widths):
+        raise bad_value("--widths", "widths", widths, "at least two positive integer widths")
+    hidden = widths[1:-1] or [widths[-1]]
+    if len(set(hidden)) != 1:
+        raise bad_value("--widths", "widths", widths, "equal hidden widths (in-h-...-h-out)")
+    doc = dict(kind="mlp", num_layers=len(widths) - 1, hidden_size=hidden[0], input_size=widths[0],
+               output_size=widths[-1], bias=bias, name=name)
+    return model_from_dict(doc, "--widths")
+
+
+MLP_STANDARD_LAYERS = 8  # layers of the standard square MLP picked by a parameter count
+
+
+def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -> Model:
+    """The standard square, bias-free MLP (DistIR's shape) with about ``params`` parameters.
+
+    ``layers`` square ``h × h`` layers with ``h = round(sqrt(params / layers))``.
+    """
+    try:
+        n = units.parse_count(params)
+    except ValueError:
+        raise bad_value("--params", "params", params, "a parameter count like 60M or 1.5B") from None
+    if n < layers:
+        raise bad_value("--params", "params", params, f"at least {layers} parameters")
+    h = max(1, round(math.sqrt(n / layers)))
+    return model_from_dict(dict(kind="mlp", num_layers=layers, hidden_size=h, bias=False,
+                                name=f"mlp-{units.format_count(n)}".lower()), "--params")
+
+
+def with_overrides(model: Model, **dims: float | None) -> Model:
+    """Returns the model with some dimensions replaced (``None`` values are ignored)."""
+    changes = {k: jnp.asarray(float(v), _F) for k, v in dims.items() if v is not None}
+    unknown = set(changes) - set(_SPEC_FIELDS)
+    if unknown:
+        raise AisimError(f"unknown model dimension {sorted(unknown)[0]!r}")
+    return dataclasses.replace(model, spec=dataclasses.replace(model.spec, **changes))
+
+
+# ---------------------------------------------------------------------------- counts (pure)
+
+
+def _head_dim(m: ModelSpec):
+    return m.hidden_size / m.num_heads
+
+
+def _qkv_out(m: ModelSpec):
+    return m.hidden_size + 2.0 * m.num_kv_heads * _head_dim(m)
+
+
+def layer_params(m: ModelSpec) -> Float[Array, ""]:
+    """Parameters of one transformer layer, or the average layer of an MLP."""
+    if m.kind == "mlp":
+        return mlp_params(m) / m.num_layers
+    h, f, g = m.hidden_size, m.ffn_hidden_size, 1.0 + m.gated_mlp
+    attn = h * _qkv_out(m) + h * h + m.bias * (_qkv_out(m) + h)
+    mlp = h * f * g + f * h + m.bias * (f * g + h)
+    norms = 2.0 * h * (1.0 + m.bias)
+    return attn + mlp + norms
+
+
+def mlp_params(m: ModelSpec) -> Float[Array, ""]:
+    """Parameters of an MLP ``in -> h ... h -> out`` (with one layer: ``in -> out``)."""
+    L, h, i, o = m.num_layers, m.hidden_size, m.input_size, m.output_size
+    weights = jnp.where(L > 1, i * h + (L - 2.0) * h * h + h * o, i * o)
+    biases = jnp.where(L > 1, (L - 1.0) * h + o, o)
+    return weights + m.bias * biases
+
+
+def embedding_params(m: ModelSpec) -> Float[Array, ""]:
+    """Input embedding (and learned positions) of a transformer; 0 for an MLP."""
+    if m.kind == "mlp":
+        return jnp.zeros((), _F)
+    return m.vocab_size * m.hidden_size + m.learned_pos_emb * m.seq_len * m.hidden_size
+
+
+def head_params(m: ModelSpec) -> Float[Array, ""]:
+    """Final norm plus an untied output head of a transformer; 0 for an MLP."""
+    if m.kind == "mlp":
+        return jnp.zeros((), _F)
+    return m.hidden_size * (1.0 + m.bias) + (1.0 - m.tied_embeddings) * m.vocab_size * m.hidden_size
+
+
+def total_params(m: ModelSpec) -> Float[Array, ""]:
+    """All parameters of the model (N in the 6·N·tokens convention)."""
+    if m.kind == "mlp":
+        return mlp_params(m)
+    return m.num_layers * layer_params(m) + embedding_params(m) + head_params(m)
+
+
+def _op(flops, nbytes, kernels, tensor=True) -> OpClass:
+    return OpClass(flops=jnp.asarray(flops, _F), bytes=jnp.asarray(nbytes, _F),
+                   kernels=jnp.asarray(kernels, _F), tensor=tensor)
+
+
+def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes) -> LayerOps:
+    """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``).
+
+    Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
+    dropouts and residuals are replicated unless ``sequence_parallel`` (Korthikanti et al.
+    2022 §4.2.2). Their traffic is 10 reads/writes of ``b·s·h`` (two layer norms and two fused
+    bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an MLP, this is the average linear layer plus its ReLU.
+    """
+    B, t, b = act_bytes, tp, micro_batch
+    rep = jnp.where(sequence_parallel > 0, t, 1.0)
+    if m.kind == "mlp":
+        T, h, L = b, m.hidden_size, m.num_layers
+        w = mlp_params(m) / L  # average weights per layer
+        io = (m.input_size + m.output_size + 2.0 * (L - 1.0) * h) / L  # mean in + out width
+        out = (m.output_size + (L - 1.0) * h) / L  # mean output width
+        zero = _op(0.0, 0.0, 0.0)
+        return LayerOps(
+            qkv=zero, attention=zero, softmax=_op(0.0, 0.0, 0.0, tensor=False), proj=zero,
+            mlp=_op(2.0 * T * w / t, B * (T * io + w) / t, 1.0),
+            elementwise=_op(T * out / t, B * 2.0 * T * out / t, 1.0, tensor=False),
+        )
+    h, s, f, g = m.hidden_size, m.seq_len, m.ffn_hidden_size, 1.0 + m.gated_mlp
+    a = m.num_heads
+    T = b * s
+    qo = _qkv_out(m)
+    scores = b * (a / t) * s * s  # elements of the attention-score tensor per device
+    return LayerOps(
+        qkv=_op(2.0 * T * h * qo / t, B * (T * h + h * qo / t + T * qo / t), 1.0),
+        attention=_op(4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores), 2.0),
+        softmax=_op(5.0 * scores, B * 5.0 * scores, 2.0, tensor=False),
+        proj=_op(2.0 * T * h * h / t, B * (T * h / t + h * h / t + T * h), 1.0),
+        mlp=_op(2.0 * T * h * f * (g + 1.0) / t,
+                B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t), 2.0),
+        elementwise=_op(10.0 * T * h / rep + 8.0 * T * f / t,
+                        B * (10.0 * T * h / rep + (2.0 + g) * T * f / t), 8.0, tensor=False),
+    )
+
+
+def logits_forward_ops(m: ModelSpec, micro_batch, tp, act_bytes) -> tuple[OpClass, OpClass]:
+    """Output-layer matmul and the (fp32) cross-entropy kernels for one microbatch.
+
+    The vocabulary is split over ``tp`` (Megatron's vocab-parallel cross entropy). An MLP has
+    no separate output layer (its last linear layer is counted among its layers).
+    """
+    if m.kind == "mlp":
+        return _op(0.0, 0.0, 0.0), _op(0.0, 0.0, 0.0, tensor=False)
+    T, h, V, t = micro_batch * m.seq_len, m.hidden_size, m.vocab_size, tp
+    matmul = _op(2.0 * T * h * V / t, act_bytes * (T * h + h * V / t + T * V / t), 1.0)
+    xent = _op(5.0 * T * V / t, 4.0 * 3.0 * T * V / t, 3.0, tensor=False)
+    return matmul, xent
+
+
+def gpt_training_flops(m: ModelSpec, global_batch, recompute_full) -> Float[Array, ""]:
+    """Narayanan et al. SC21 eq. 3: FLOPs of one training step of a GPT model.
+
+    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))`` without recomputation and
+    ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` with full recomputation.
+    """
+    B, s, l, h, V = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
+    plain = 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
+    full = 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+    return jnp.where(recompute_full > 0, full, plain)
+
+
+def model_flops_per_step(m: ModelSpec, global_batch) -> Float[Array, ""]:
+    """Model FLOPs of one step in the 6·N·tokens convention (for MFU)."""
+    tokens = global_batch * (m.seq_len if m.kind == "transformer" else 1.0)
+    return 6.0 * total_params(m) * tokens
+
+
+def tokens_per_sample(m: ModelSpec) -> Float[Array, ""]:
+    """Sequence length of a transformer; 1 for an MLP (one sample = one token)."""
+    return m.seq_len if m.kind == "transformer" else jnp.ones((), _F)
