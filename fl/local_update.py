@@ -1,0 +1,164 @@
+"""Local training of one client, written for one client (the round vmaps it once).
+
+Contract: a client holds the pool rows ``order[start : start + n]``. Each local epoch visits them
+in a fresh random order (:func:`epoch_permutations`) in batches of ``batch_size``; the last batch
+of an epoch is partial and masked. :func:`client_step` is one optimiser step, a no-op once
+``step >= task.steps``, so clients with fewer samples or epochs are padded by masks.
+The gradient is corrected by FedProx's proximal term ``μ (w − w_global)`` (Li et al. 2020, eq. 2)
+and SCAFFOLD's ``c − c_i`` (Karimireddy et al. 2020, alg. 1 line 10) before it enters the client's
+optax transformation. :func:`local_update` runs a client's steps with ``lax.scan``; it is the
+one-client reference that the vmapped round is tested against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int
+
+from fl.models import cross_entropy
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ClientTask:
+    """What one client does this round.
+
+    Attributes:
+      start: offset of the client's first row in ``order``.
+      n: number of samples.
+      steps: local steps to run (0: the client does nothing).
+      key: the client's PRNG key for this round (shuffling).
+      correction: pytree like params added to every gradient (SCAFFOLD ``c − c_i``; zeros).
+    """
+
+    start: Int[Array, ""]
+    n: Int[Array, ""]
+    steps: Int[Array, ""]
+    key: Array
+    correction: object
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ClientState:
+    """A client's local model, optimiser state, and running loss."""
+
+    params: object
+    opt_state: object
+    loss_sum: Float[Array, ""]
+    steps_done: Int[Array, ""]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LocalData:
+    """The shared training pool and the population's row order."""
+
+    x_pool: Float[Array, "pool ..."]
+    y_pool: Int[Array, " pool"]
+    order: Int[Array, " slots"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSpec:
+    """Static choices of local training (hashable; closed over by jit)."""
+
+    apply: Callable
+    client_opt: optax.GradientTransformation
+    batch_size: int
+    max_samples: int
+    max_epochs: int
+
+
+def epoch_permutations(
+    key: Array, n: Int[Array, ""], max_samples: int, epochs: int
+) -> Int[Array, "epochs max_samples"]:
+    """One random order of ``0..n-1`` per epoch, padded with ``n..max_samples-1`` at the end."""
+
+    def one(k):
+        u = jax.random.uniform(k, (max_samples,))
+        u = jnp.where(jnp.arange(max_samples) < n, u, 2.0)
+        return jnp.argsort(u).astype(jnp.int32)
+
+    return jax.vmap(one)(jax.random.split(key, epochs))
+
+
+def init_state(spec: LocalSpec, global_params) -> ClientState:
+    """A client's state at the start of a round: the global model, a fresh optimiser."""
+    return ClientState(
+        params=global_params,
+        opt_state=spec.client_opt.init(global_params),
+        loss_sum=jnp.zeros((), jnp.float32),
+        steps_done=jnp.zeros((), jnp.int32),
+    )
+
+
+def batch_rows(
+    spec: LocalSpec, step: Int[Array, ""], task: ClientTask, perms: Int[Array, "epochs max_samples"]
+) -> tuple[Int[Array, " batch"], Float[Array, " batch"]]:
+    """Positions in ``order`` of the batch of ``step``, and its validity mask."""
+    bsz = spec.batch_size
+    per_epoch = jnp.maximum((task.n + bsz - 1) // bsz, 1)
+    epoch = jnp.minimum(step // per_epoch, spec.max_epochs - 1)
+    offs = (step % per_epoch) * bsz + jnp.arange(bsz)
+    valid = offs < task.n
+    pos = jnp.take(perms[epoch], offs, mode="clip")
+    return task.start + pos, valid.astype(jnp.float32)
+
+
+def client_step(
+    spec: LocalSpec,
+    state: ClientState,
+    step: Int[Array, ""],
+    task: ClientTask,
+    perms: Int[Array, "epochs max_samples"],
+    global_params,
+    mu: Float[Array, ""],
+    data: LocalData,
+) -> ClientState:
+    """One local optimiser step of one client; unchanged when ``step >= task.steps``."""
+    slots, mask = batch_rows(spec, step, task, perms)
+    rows = jnp.take(data.order, slots, mode="clip")
+    x = jnp.take(data.x_pool, rows, axis=0, mode="clip")
+    y = jnp.take(data.y_pool, rows, mode="clip")
+
+    def loss_fn(p):
+        return cross_entropy(spec.apply(p, x), y, mask)
+
+    loss, grad = jax.value_and_grad(loss_fn)(state.params)
+    grad = jax.tree.map(
+        lambda g, w, w0, c: g + mu * (w - w0) + c,
+        grad, state.params, global_params, task.correction,
+    )
+    updates, opt_state = spec.client_opt.update(grad, state.opt_state, state.params)
+    new = ClientState(
+        params=optax.apply_updates(state.params, updates),
+        opt_state=opt_state,
+        loss_sum=state.loss_sum + loss,
+        steps_done=state.steps_done + 1,
+    )
+    active = step < task.steps
+    return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state)
+
+
+def local_update(
+    spec: LocalSpec,
+    task: ClientTask,
+    global_params,
+    mu: Float[Array, ""],
+    data: LocalData,
+    num_steps: int,
+) -> ClientState:
+    """Runs one client's round with ``lax.scan`` over ``num_steps`` (>= ``task.steps``) steps."""
+    perms = epoch_permutations(task.key, task.n, spec.max_samples, spec.max_epochs)
+
+    def body(state, s):
+        return client_step(spec, state, s, task, perms, global_params, mu, data), None
+
+    state, _ = jax.lax.scan(body, init_state(spec, global_params), jnp.arange(num_steps))
+    return state

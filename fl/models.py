@@ -1,0 +1,149 @@
+"""flax models for FL: multinomial logistic regression, McMahan's 2NN MLP and small CNN.
+
+Contract: :func:`make_model` returns a :class:`Model` whose ``apply(params, x)`` maps
+``[batch *features]`` to ``[batch classes]`` logits, with its parameter count, float32 bytes and
+analytical training FLOPs per sample (forward + backward = 3 × forward, the usual 2:1 backward to
+forward ratio; for dense layers this is 6 FLOPs per weight per sample, Kaplan et al. 2020).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from perfmodel.errors import AisimError, suggest
+
+MODELS = ("logreg", "mlp", "2nn", "cnn")
+DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn"}
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression (FedProx's ``mclr``)."""
+
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+class MLP(nn.Module):
+    """ReLU MLP; ``hidden=(200, 200)`` is McMahan et al. (2017)'s 2NN."""
+
+    num_classes: int
+    hidden: Sequence[int] = (200, 200)
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], -1))
+        for h in self.hidden:
+            x = nn.relu(nn.Dense(h)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+class CNN(nn.Module):
+    """McMahan et al. (2017)'s CNN: conv5×5(32)-pool-conv5×5(64)-pool-dense(512)-dense."""
+
+    num_classes: int
+    side: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], self.side, self.side, 1))
+        for feat in (32, 64):
+            x = nn.relu(nn.Conv(feat, (5, 5), padding="SAME")(x))
+            x = nn.max_pool(x, (2, 2), (2, 2), padding="SAME")
+        x = nn.relu(nn.Dense(512)(x.reshape((x.shape[0], -1))))
+        return nn.Dense(self.num_classes)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A flax model with its costs.
+
+    Attributes:
+      name: model name.
+      apply: ``(params, x[batch *features]) -> logits[batch classes]``.
+      init: ``(key) -> params``.
+      num_params: number of parameters.
+      param_bytes: float32 bytes of the parameters (what a client downloads and uploads).
+      train_flops_per_sample: FLOPs of one sample's forward and backward pass.
+      activation_floats_per_sample: floats of activations kept for the backward pass.
+    """
+
+    name: str
+    apply: Callable
+    init: Callable
+    num_params: int
+    param_bytes: float
+    train_flops_per_sample: float
+    activation_floats_per_sample: float
+
+
+def _forward_flops(module: nn.Module, params, input_shape) -> float:
+    """Forward FLOPs of one sample from XLA's cost analysis of the lowered ``apply``."""
+    x = jnp.zeros((1, *input_shape), jnp.float32)
+    cost = jax.jit(module.apply).lower(params, x).cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0]
+    return float(cost.get("flops", 0.0))
+
+
+def make_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] | None = None
+) -> Model:
+    """Builds a model by name (one of :data:`MODELS`; ``2nn`` is the MLP with 200-200).
+
+    Args:
+      name: ``logreg``, ``mlp``, ``2nn`` or ``cnn``.
+      input_shape: shape of one sample (``cnn`` needs a square image, flattened or not).
+      num_classes: number of output logits.
+      hidden: hidden widths for ``mlp`` (default 200-200).
+    """
+    in_dim = math.prod(input_shape)
+    if name == "logreg":
+        module: nn.Module = LogReg(num_classes)
+        acts = in_dim + num_classes
+    elif name in ("mlp", "2nn"):
+        hid = tuple(hidden) if (hidden and name == "mlp") else (200, 200)
+        module = MLP(num_classes, hid)
+        acts = in_dim + 2 * sum(hid) + num_classes
+    elif name == "cnn":
+        side = math.isqrt(in_dim)
+        if side * side != in_dim:
+            raise AisimError(f"--model cnn: input of {in_dim} features is not a square image")
+        module = CNN(num_classes, side)
+        acts = in_dim + 2 * side * side * 32 + side * side * 64 + 512 + num_classes
+    else:
+        raise AisimError(f"--model {name!r}: unknown model" + suggest(name, MODELS))
+    x0 = jnp.zeros((1, *input_shape), jnp.float32)
+    params = module.init(jax.random.key(0), x0)
+    n_params = sum(int(p.size) for p in jax.tree.leaves(params))
+
+    def init(key):
+        return module.init(key, x0)
+
+    return Model(
+        name=name,
+        apply=module.apply,
+        init=init,
+        num_params=n_params,
+        param_bytes=4.0 * n_params,
+        train_flops_per_sample=3.0 * _forward_flops(module, params, input_shape),
+        activation_floats_per_sample=float(acts),
+    )
+
+
+def cross_entropy(
+    logits: Float[Array, "batch classes"], labels, mask: Float[Array, " batch"]
+) -> Float[Array, ""]:
+    """Mean softmax cross-entropy over the ``mask``-ed samples (0 when none)."""
+    logp = jax.nn.log_softmax(logits)
+    nll = -jnp.take_along_axis(logp, labels[:, None], axis=1)[:, 0]
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)

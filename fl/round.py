@@ -1,0 +1,311 @@
+"""One federated round as one jitted function: the only place where clients are vmapped.
+
+Contract: :func:`make_round` closes over the static :class:`RoundSpec` and returns
+``run_round(state, inputs, hyper) -> (state, RoundMetrics)``, pure and jittable. A round
+
+1. samples ``cohort`` clients without replacement with the Gumbel-top-k trick (uniformly, or
+   proportionally to data size), keyed by ``fold_in(key, round)`` so that a resumed run repeats it;
+2. draws availability and stragglers (a straggler runs a random number of epochs in ``[1, E]``,
+   Li et al. 2020 §5.2) and times every client with :func:`fl.systems.client_time_s`; FedAvg drops
+   stragglers and clients that miss the deadline, FedProx keeps their partial work;
+3. sorts the cohort by local steps (bucketing) and processes it in chunks of ``chunk`` clients
+   (``lax.scan`` over chunks bounds memory); in a chunk, ``vmap(client_step)`` runs inside a loop
+   whose trip count is that chunk's largest step count, with masks for shorter clients; the client
+   axis is sharded over ``mesh`` when one is given;
+4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
+   transformation, and updates SCAFFOLD's control variates for the whole population.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, Float, Int
+
+from fl import aggregation as agg
+from fl import local_update as lu
+from fl.server import Algorithm, server_update
+from fl.systems import Systems, client_time_s
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ServerState:
+    """Global model, server optimiser state, SCAFFOLD controls and the round counter.
+
+    ``client_controls`` has a leading ``[clients]`` axis (the whole population) or is ``None``.
+    """
+
+    params: object
+    opt_state: object
+    control: object
+    client_controls: object
+    round: Int[Array, ""]
+    key: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RoundInputs:
+    """Device-resident data of a run: pool, population and per-client systems."""
+
+    data: lu.LocalData
+    starts: Int[Array, " clients"]
+    sizes: Int[Array, " clients"]
+    systems: Systems
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+    """Numbers of a run that one might sweep (array leaves)."""
+
+    mu: Float[Array, ""]
+    client_lr: Float[Array, ""]
+    straggler_fraction: Float[Array, ""]
+    deadline_s: Float[Array, ""]
+    clip_norm: Float[Array, ""]
+    noise_multiplier: Float[Array, ""]
+    max_local_steps: Int[Array, ""]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RoundMetrics:
+    """What one round did."""
+
+    clients_sampled: Int[Array, ""]
+    clients_kept: Int[Array, ""]
+    round_time_s: Float[Array, ""]
+    bytes_up: Float[Array, ""]
+    bytes_down: Float[Array, ""]
+    local_loss: Float[Array, ""]
+    finite: Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """Static shape and mode choices of a round."""
+
+    local: lu.LocalSpec
+    algorithm: Algorithm
+    cohort: int
+    chunk: int
+    sampling: str = "uniform"
+    flops_per_sample: float = 0.0
+    param_bytes: float = 0.0
+    mesh: Mesh | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.cohort // self.chunk)
+
+
+def init_server_state(spec: RoundSpec, params, num_clients: int, seed: int) -> ServerState:
+    """The state before round 0."""
+    zeros = agg.tree_zeros_like(params)
+    controls = None
+    if spec.algorithm.scaffold:
+        controls = jax.tree.map(lambda p: jnp.zeros((num_clients, *p.shape), p.dtype), params)
+    return ServerState(
+        params=params,
+        opt_state=spec.algorithm.server_opt.init(params),
+        control=zeros if spec.algorithm.scaffold else None,
+        client_controls=controls,
+        round=jnp.zeros((), jnp.int32),
+        key=jax.random.key(seed),
+    )
+
+
+def _shard(spec: RoundSpec, tree):
+    if spec.mesh is None:
+        return tree
+    sharding = NamedSharding(spec.mesh, PartitionSpec("clients"))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
+def make_round(spec: RoundSpec):
+    """Builds ``run_round(state, inputs, hyper) -> (state, RoundMetrics)`` (see module)."""
+    local, alg = spec.local, spec.algorithm
+    m, c = spec.cohort, spec.chunk
+    slots = spec.num_chunks * c
+    bsz, epochs = local.batch_size, local.max_epochs
+
+    def run_round(state: ServerState, inputs: RoundInputs, hyper: Hyper):
+        num_clients = inputs.sizes.shape[0]
+        key = jax.random.fold_in(state.key, state.round)
+        k_s, k_a, k_st, k_e, k_t, k_n = jax.random.split(key, 6)
+
+        # 1. Sampling without replacement: Gumbel-top-k (Kool et al. 2019).
+        logits = jnp.zeros(num_clients) if spec.sampling == "uniform" else jnp.log(inputs.sizes.astype(jnp.float32))
+        _, ids = jax.lax.top_k(jax.random.gumbel(k_s, (num_clients,)) + logits, m)
+        n = inputs.sizes[ids]
+        sys_k = jax.tree.map(lambda a: a[ids], inputs.systems)
+
+        # 2. Systems: availability, stragglers, deadline, time.
+        avail = jax.random.uniform(k_a, (m,)) < sys_k.availability
+        straggler = jax.random.uniform(k_st, (m,)) < hyper.straggler_fraction
+        rand_epochs = jax.random.randint(k_e, (m,), 1, epochs + 1)
+        per_epoch = (n + bsz - 1) // bsz
+        full_steps = jnp.minimum(per_epoch * epochs, hyper.max_local_steps)
+        step_flops = bsz * spec.flops_per_sample
+        mult = 2.0 if alg.scaffold else 1.0
+        payload = mult * spec.param_bytes
+
+        def times(steps):
+            return jax.vmap(client_time_s, in_axes=(0, None, None, 0, 0, 0, 0, 0))(
+                steps * step_flops, payload, payload, sys_k.flops_per_s,
+                sys_k.downlink_bytes_per_s, sys_k.uplink_bytes_per_s, sys_k.latency_s,
+                sys_k.serialize_bytes_per_s,
+            )
+
+        if alg.straggler_policy == "partial":
+            wanted = jnp.where(straggler, jnp.minimum(per_epoch * rand_epochs, hyper.max_local_steps), full_steps)
+            t0 = times(jnp.zeros_like(wanted))
+            fit = jnp.floor((hyper.deadline_s - t0.comm_s) * sys_k.flops_per_s / step_flops)
+            fit = jnp.clip(fit, 0, jnp.iinfo(jnp.int32).max // 2).astype(jnp.int32)
+            steps = jnp.minimum(wanted, fit)
+            cut = avail & (steps < wanted)
+            kept = avail & (steps >= 1)
+        else:
+            t_full = times(full_steps)
+            late = t_full.total_s > hyper.deadline_s
+            kept = avail & ~straggler & ~late
+            cut = avail & ~straggler & late
+            steps = full_steps
+        steps = jnp.where(kept, steps, 0)
+        t = times(steps).total_s
+        round_time = jnp.maximum(
+            jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
+        )
+        weight = jnp.where(kept, n.astype(jnp.float32) if spec.sampling == "uniform" else 1.0, 0.0)
+        if alg.dp:
+            weight = kept.astype(jnp.float32)
+
+        # 3. Bucketing: longest clients first; padding slots get id = num_clients (dropped).
+        by_steps = jnp.argsort(-steps)
+        pad = slots - m
+
+        def arrange(x, fill):
+            x = jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
+            return x.reshape(spec.num_chunks, c)
+
+        chunks = dict(
+            ids=arrange(ids, num_clients), n=arrange(n, 1), steps=arrange(steps, 0),
+            weight=arrange(weight, 0.0), kept=arrange(kept, False),
+        )
+        g = state.params
+
+        def chunk_body(carry, ch):
+            sum_delta, sum_w, sum_loss, sum_dc, controls = carry
+            ch = _shard(spec, ch)
+            if alg.scaffold:
+                c_i = jax.tree.map(lambda a: jnp.take(a, ch["ids"], axis=0, mode="clip"), controls)
+                correction = jax.tree.map(lambda cg, ci: cg[None] - ci, state.control, c_i)
+            else:
+                correction = jax.tree.map(lambda p: jnp.zeros((c, *p.shape), p.dtype), g)
+            tasks = lu.ClientTask(
+                start=jnp.take(inputs.starts, ch["ids"], mode="clip"),
+                n=ch["n"],
+                steps=ch["steps"],
+                key=jax.vmap(lambda i: jax.random.fold_in(k_t, i))(ch["ids"]),
+                correction=correction,
+            )
+            tasks = _shard(spec, tasks)
+            perms = jax.vmap(lu.epoch_permutations, in_axes=(0, 0, None, None))(
+                tasks.key, tasks.n, local.max_samples, epochs
+            )
+            st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
+            st0 = _shard(spec, st0)
+            mu = hyper.mu if alg.proximal else jnp.zeros(())
+            step_all = jax.vmap(lu.client_step, in_axes=(None, 0, None, 0, 0, None, None, None))
+
+            def loop(s, st):
+                return step_all(local, st, s, tasks, perms, g, mu, inputs.data)
+
+            st = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, st0)
+            delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
+            if alg.dp:
+                delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, hyper.clip_norm)
+            sum_delta = jax.tree.map(jnp.add, sum_delta, agg.weighted_sum(delta, ch["weight"]))
+            loss = st.loss_sum / jnp.maximum(st.steps_done, 1)
+            sum_loss = sum_loss + jnp.sum(ch["weight"] * loss)
+            sum_w = sum_w + jnp.sum(ch["weight"])
+            if alg.scaffold:
+                k_lr = jnp.maximum(st.steps_done, 1).astype(jnp.float32) * hyper.client_lr
+                c_new = jax.tree.map(
+                    lambda ci, cg, d: ci - cg[None] - d / k_lr.reshape((c,) + (1,) * (d.ndim - 1)),
+                    c_i, state.control, delta,
+                )
+                keep = ch["kept"]
+                c_new = jax.tree.map(
+                    lambda a, b: jnp.where(keep.reshape((c,) + (1,) * (a.ndim - 1)), a, b), c_new, c_i
+                )
+                dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
+                sum_dc = jax.tree.map(lambda s_, d: s_ + jnp.sum(d, axis=0), sum_dc, dc)
+                controls = jax.tree.map(
+                    lambda a, v: a.at[ch["ids"]].set(v, mode="drop"), controls, c_new
+                )
+            return (sum_delta, sum_w, sum_loss, sum_dc, controls), None
+
+        zeros = agg.tree_zeros_like(g)
+        init = (zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
+        (sum_delta, sum_w, sum_loss, sum_dc, controls), _ = jax.lax.scan(chunk_body, init, chunks)
+
+        # 4. Aggregate and step the server.
+        any_kept = sum_w > 0
+        if alg.dp:
+            std = hyper.noise_multiplier * hyper.clip_norm
+            mean_delta = jax.tree.map(lambda s_: s_ / m, agg.gaussian_noise(sum_delta, k_n, std))
+        else:
+            mean_delta = jax.tree.map(lambda s_: s_ / jnp.maximum(sum_w, 1e-12), sum_delta)
+        new_params, new_opt = server_update(alg.server_opt, g, state.opt_state, mean_delta)
+        new_params = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_params, g)
+        new_opt = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_opt, state.opt_state)
+        control = state.control
+        if alg.scaffold:
+            control = jax.tree.map(lambda cg, d: cg + d / num_clients, state.control, sum_dc)
+        new_state = ServerState(
+            params=new_params, opt_state=new_opt, control=control, client_controls=controls,
+            round=state.round + 1, key=state.key,
+        )
+        metrics = RoundMetrics(
+            clients_sampled=jnp.asarray(m, jnp.int32),
+            clients_kept=jnp.sum(kept).astype(jnp.int32),
+            round_time_s=round_time,
+            bytes_up=payload * jnp.sum(kept),
+            bytes_down=payload * jnp.sum(avail),
+            local_loss=sum_loss / jnp.maximum(sum_w, 1e-12),
+            finite=agg.all_finite(new_params),
+        )
+        return new_state, metrics
+
+    return run_round
+
+
+def make_evaluate(apply, batch: int = 2048):
+    """Builds ``evaluate(params, x, y) -> (loss, accuracy)`` over fixed-size padded batches."""
+
+    def evaluate(params, x: Float[Array, "n ..."], y: Int[Array, " n"]):
+        n = x.shape[0]
+        nb = -(-n // batch)
+        pad = nb * batch - n
+        xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(nb, batch, *x.shape[1:])
+        yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)]).reshape(nb, batch)
+        mask = (jnp.arange(nb * batch) < n).reshape(nb, batch).astype(jnp.float32)
+
+        def one(args):
+            xb, yb, mb = args
+            logits = apply(params, xb)
+            logp = jax.nn.log_softmax(logits)
+            nll = -jnp.take_along_axis(logp, yb[:, None], axis=1)[:, 0]
+            correct = (jnp.argmax(logits, axis=1) == yb).astype(jnp.float32)
+            return jnp.sum(nll * mb), jnp.sum(correct * mb)
+
+        nll, correct = jax.lax.map(one, (xp, yp, mask))
+        return jnp.sum(nll) / n, jnp.sum(correct) / n
+
+    return evaluate

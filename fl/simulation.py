@@ -1,0 +1,302 @@
+"""The imperative shell of an FL run: build, loop over rounds, evaluate, checkpoint, summarise.
+
+Contract: :func:`simulate` turns a validated :class:`~fl.config.ExperimentConfig` into a
+:class:`SimulationResult` (one metrics row per round, and a summary). With ``out_dir`` it writes
+``config.json`` at the start, an atomic ``checkpoint.msgpack`` every ``checkpoint_every`` rounds,
+and ``metrics.csv`` / ``summary.json`` at the end; ``resume=True`` continues from the checkpoint
+and, since every round's randomness is keyed by the round number, reaches the same final metrics
+as an uninterrupted run. A NaN or infinite model stops the run, keeping the rows so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pandas as pd
+from flax import serialization
+
+from fl import data as fl_data
+from fl import local_update as lu
+from fl import round as rnd
+from fl.config import ExperimentConfig, validate
+from fl.models import DEFAULT_MODEL, Model, make_model
+from fl.privacy import epsilon
+from fl.server import make_algorithm
+from fl.systems import draw_systems, parse_mix
+from perfmodel.errors import AisimError
+from perfmodel.units import parse_bytes
+
+COLUMNS = (
+    "round", "sim_time_s", "train_loss", "test_accuracy", "test_loss",
+    "clients_sampled", "clients_kept", "bytes_up", "bytes_down",
+)
+ACCURACY_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+CHECKPOINT = "checkpoint.msgpack"
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    """Metrics (one row per completed round, :data:`COLUMNS`) and the run's summary."""
+
+    metrics: pd.DataFrame
+    summary: dict
+
+
+@dataclasses.dataclass
+class Built:
+    """Everything a run needs, built once from a config."""
+
+    cfg: ExperimentConfig
+    data: fl_data.FederatedData
+    model: Model
+    spec: rnd.RoundSpec
+    run_round: Callable
+    evaluate: Callable
+    inputs: rnd.RoundInputs
+    hyper: rnd.Hyper
+    init_state: rnd.ServerState
+    eval_sets: tuple
+
+
+def client_bytes(model: Model, local: lu.LocalSpec, scaffold: bool) -> float:
+    """Working-set bytes of one client in a vmapped chunk (float32).
+
+    Params, gradient, new params, delta, the broadcast global copy in flight, the optimiser state,
+    SCAFFOLD's two control copies, the epoch permutations and a batch of activations (x3 for the
+    backward pass and the fused update).
+    """
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    opt = jax.eval_shape(local.client_opt.init, params)
+    opt_floats = sum(math.prod(x.shape) for x in jax.tree.leaves(opt))
+    p = model.num_params
+    floats = 5 * p + opt_floats + (2 * p if scaffold else 0)
+    floats += local.max_epochs * local.max_samples + 3 * local.batch_size * model.activation_floats_per_sample
+    return 4.0 * floats
+
+
+def chunk_size(budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int) -> int:
+    """Clients per chunk: as many as fit in half the budget (the rest for the pool and XLA's
+    temporaries), rounded to a multiple of the device count, at most the cohort (padded up)."""
+    fit = int(0.5 * budget_bytes // max(per_client_bytes, 1.0))
+    if fit < 1:
+        raise AisimError(
+            f"--memory-budget {budget_bytes:.3g} bytes: one client needs {per_client_bytes:.3g} "
+            "bytes; raise the budget"
+        )
+    size = min(fit, cohort)
+    size = max(n_devices, (size // n_devices) * n_devices)
+    return size
+
+
+def build(cfg: ExperimentConfig) -> Built:
+    """Loads the data, draws the systems, and jits the round for ``cfg``."""
+    validate(cfg)
+    ds = fl_data.load(
+        cfg.dataset, cfg.clients, cfg.partition, cfg.dirichlet_alpha, cfg.alpha, cfg.beta,
+        cfg.iid, cfg.seed,
+    )
+    pop = ds.population
+    if cfg.clients_per_round > pop.num_clients:
+        raise AisimError(
+            f"aisim fl run: field 'clients-per-round' = {cfg.clients_per_round}: expected at most "
+            f"the {pop.num_clients} clients of the population"
+        )
+    model = make_model(cfg.model or DEFAULT_MODEL[cfg.dataset], ds.input_shape, ds.num_classes)
+    alg = make_algorithm(cfg.algorithm, cfg.server_lr, cfg.server_momentum)
+    local = lu.LocalSpec(
+        apply=model.apply,
+        client_opt=optax.sgd(cfg.lr),
+        batch_size=cfg.batch_size,
+        max_samples=int(pop.sizes.max()),
+        max_epochs=cfg.local_epochs,
+    )
+    devices = jax.devices()
+    mesh = None
+    if cfg.shard and len(devices) > 1:
+        mesh = jax.sharding.Mesh(np.array(devices), ("clients",))
+    per_client = client_bytes(model, local, alg.scaffold)
+    chunk = chunk_size(parse_bytes(cfg.memory_budget), per_client, cfg.clients_per_round, len(devices) if mesh else 1)
+    spec = rnd.RoundSpec(
+        local=local, algorithm=alg, cohort=cfg.clients_per_round, chunk=chunk,
+        sampling=cfg.sampling, flops_per_sample=model.train_flops_per_sample,
+        param_bytes=model.param_bytes, mesh=mesh,
+    )
+    systems = draw_systems(parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1))
+    inputs = rnd.RoundInputs(
+        data=lu.LocalData(
+            x_pool=jnp.asarray(ds.x_train), y_pool=jnp.asarray(ds.y_train),
+            order=jnp.asarray(pop.order),
+        ),
+        starts=jnp.asarray(pop.starts), sizes=jnp.asarray(pop.sizes), systems=systems,
+    )
+    hyper = rnd.Hyper(
+        mu=jnp.float32(cfg.mu), client_lr=jnp.float32(cfg.lr),
+        straggler_fraction=jnp.float32(cfg.stragglers),
+        deadline_s=jnp.float32(cfg.deadline_s if cfg.deadline_s is not None else jnp.inf),
+        clip_norm=jnp.float32(cfg.clip_norm), noise_multiplier=jnp.float32(cfg.noise_multiplier),
+        max_local_steps=jnp.int32(min(cfg.max_local_steps or 2**30, 2**30)),
+    )
+    params = model.init(jax.random.key(cfg.seed))
+    state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed)
+    evaluate = jax.jit(rnd.make_evaluate(model.apply))
+    eval_sets = (
+        (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
+        (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
+    )
+    return Built(cfg, ds, model, spec, jax.jit(rnd.make_round(spec)), evaluate, inputs, hyper, state, eval_sets)
+
+
+def _save_checkpoint(out_dir: Path, state: rnd.ServerState, rows: list[dict], wall_s: float, updates: int):
+    from aisim.console import atomic_write_bytes
+
+    leaves = jax.tree.leaves(dataclasses.replace(state, key=None))
+    blob = serialization.msgpack_serialize(
+        {
+            "leaves": {str(i): np.asarray(x) for i, x in enumerate(leaves)},
+            "rows": json.dumps(rows),
+            "wall_time_s": wall_s,
+            "client_updates": updates,
+        }
+    )
+    atomic_write_bytes(out_dir / CHECKPOINT, blob)
+
+
+def _load_checkpoint(out_dir: Path, template: rnd.ServerState):
+    path = out_dir / CHECKPOINT
+    if not path.exists():
+        return template, [], 0.0, 0
+    blob = serialization.msgpack_restore(path.read_bytes())
+    skeleton = dataclasses.replace(template, key=None)
+    leaves, treedef = jax.tree.flatten(skeleton)
+    stored = blob["leaves"]
+    if len(stored) != len(leaves):
+        raise AisimError(f"{path}: checkpoint does not match the run's config.json", usage=False)
+    restored = [jnp.asarray(stored[str(i)], leaves[i].dtype) for i in range(len(leaves))]
+    state = dataclasses.replace(jax.tree.unflatten(treedef, restored), key=template.key)
+    return state, json.loads(blob["rows"]), float(blob["wall_time_s"]), int(blob["client_updates"])
+
+
+def time_to_accuracy(metrics: pd.DataFrame, threshold: float) -> dict | None:
+    """The first round (and simulated time) at which test accuracy reaches ``threshold``."""
+    hit = metrics[metrics["test_accuracy"] >= threshold]
+    if hit.empty:
+        return None
+    row = hit.iloc[0]
+    return {"round": int(row["round"]), "sim_time_s": float(row["sim_time_s"])}
+
+
+def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, diverged_round) -> dict:
+    """The run's summary (the keys ``--json`` prints)."""
+    cfg = b.cfg
+    acc = metrics["test_accuracy"].dropna()
+    loss = metrics["train_loss"].dropna()
+    summary = {
+        "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else None,
+        "best_test_accuracy": float(acc.max()) if len(acc) else None,
+        "final_train_loss": float(loss.iloc[-1]) if len(loss) else None,
+        "final_test_loss": float(metrics["test_loss"].dropna().iloc[-1]) if len(acc) else None,
+        "rounds": int(len(metrics)),
+        "sim_time_s": float(metrics["sim_time_s"].iloc[-1]) if len(metrics) else 0.0,
+        "wall_time_s": wall_s,
+        "client_updates_per_s": updates / wall_s if wall_s > 0 else None,
+        "diverged": diverged_round is not None,
+        "diverged_round": diverged_round,
+        "dataset": b.data.name,
+        "model": b.model.name,
+        "num_params": b.model.num_params,
+        "algorithm": cfg.algorithm,
+        "clients": b.data.population.num_clients,
+        "chunk_size": b.spec.chunk,
+        "jax_devices": len(jax.devices()),
+        "time_to_accuracy": {f"{t:g}": time_to_accuracy(metrics, t) for t in ACCURACY_THRESHOLDS},
+    }
+    if cfg.target_accuracy is not None:
+        hit = time_to_accuracy(metrics, cfg.target_accuracy)
+        summary["target_accuracy"] = cfg.target_accuracy
+        summary["rounds_to_target"] = hit and hit["round"]
+        summary["time_to_target_s"] = hit and hit["sim_time_s"]
+    if b.spec.algorithm.dp:
+        q = cfg.clients_per_round / b.data.population.num_clients
+        rep = epsilon(q, cfg.noise_multiplier, max(len(metrics), 1), cfg.delta)
+        summary["privacy"] = {
+            "epsilon": rep.epsilon, "delta": rep.delta, "rdp_order": rep.order,
+            "noise_multiplier": cfg.noise_multiplier, "clip_norm": cfg.clip_norm,
+            "sampling_rate": q, "accountant": "RDP of the sampled Gaussian mechanism",
+        }
+    summary["config"] = cfg.to_dict()
+    return summary
+
+
+def simulate(
+    cfg: ExperimentConfig,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    on_round: Callable[[dict], None] | None = None,
+    stop_after: int | None = None,
+) -> SimulationResult:
+    """Runs ``cfg`` (see module). ``stop_after`` ends the run early (tests of ``resume``)."""
+    from aisim.console import atomic_write_text, to_json, write_table
+
+    out = Path(out_dir) if out_dir is not None else None
+    b = build(cfg)
+    state, rows, wall_s, updates = b.init_state, [], 0.0, 0
+    if out is not None:
+        if resume:
+            state, rows, wall_s, updates = _load_checkpoint(out, b.init_state)
+        else:
+            atomic_write_text(out / "config.json", to_json(cfg.to_dict()))
+    sim_t = rows[-1]["sim_time_s"] if rows else 0.0
+    diverged_round = None
+    last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
+    t0 = time.perf_counter()
+    for r in range(len(rows) + 1, last + 1):
+        state, met = b.run_round(state, b.inputs, b.hyper)
+        m = jax.device_get(met)
+        sim_t += float(m.round_time_s)
+        updates += int(m.clients_kept)
+        row = {
+            "round": r, "sim_time_s": sim_t, "train_loss": math.nan, "test_accuracy": math.nan,
+            "test_loss": math.nan, "clients_sampled": int(m.clients_sampled),
+            "clients_kept": int(m.clients_kept), "bytes_up": float(m.bytes_up),
+            "bytes_down": float(m.bytes_down),
+        }
+        if r % cfg.eval_every == 0 or r == cfg.rounds or not m.finite:
+            tr_loss, _ = b.evaluate(state.params, *b.eval_sets[0])
+            te_loss, te_acc = b.evaluate(state.params, *b.eval_sets[1])
+            row.update(train_loss=float(tr_loss), test_loss=float(te_loss), test_accuracy=float(te_acc))
+        rows.append(row)
+        if on_round is not None:
+            on_round(row)
+        if not bool(m.finite) or not math.isfinite(row["train_loss"]) and r % cfg.eval_every == 0:
+            diverged_round = r
+            break
+        if out is not None and r % cfg.checkpoint_every == 0:
+            _save_checkpoint(out, state, rows, wall_s + time.perf_counter() - t0, updates)
+    wall_s += time.perf_counter() - t0
+    metrics = pd.DataFrame(rows, columns=list(COLUMNS))
+    summary = summarise(b, metrics, wall_s, updates, diverged_round)
+    if out is not None:
+        write_table(metrics, out / "metrics.csv")
+        atomic_write_text(out / "summary.json", to_json(summary))
+    return SimulationResult(metrics=metrics, summary=summary)
+
+
+def load_config_json(out_dir: str | Path) -> ExperimentConfig:
+    """The config a run in ``out_dir`` was started with (for ``--resume``)."""
+    path = Path(out_dir) / "config.json"
+    if not path.exists():
+        raise AisimError(f"--resume {out_dir}: no config.json; was a run started there?")
+    raw = json.loads(path.read_text())
+    try:
+        return ExperimentConfig(**raw)
+    except TypeError as e:
+        raise AisimError(f"{path}: {e}") from None
