@@ -1,0 +1,370 @@
+"""Colossal-AI benchmark logs -> measurement rows in the canonical schema.
+
+Contract: :func:`parse_log` splits one log into runs (a launcher command line starts a new run)
+and reads, for each, the configuration from the command line and the result lines:
+
+- current ``PerformanceEvaluator``: ``Throughput: X samples/sec, TFLOPS per GPU by Megatron: Y,
+  TFLOPS per GPU: Z``, with ``Max CUDA memory usage: M MB`` and ``Model params: P B``;
+- older evaluator: ``Throughput: X samples/sec, TFLOPS per GPU: Y``;
+- the legacy ``colossalai.trainer`` hooks: ``[Epoch N / Train]: ... Throughput = X`` (or the
+  progress bar's ``throughput=X sample_per_sec``), ``Train-step: ... mean = T s``, the launch line
+  ``data parallel size: D, pipeline parallel size: P, tensor parallel size: T`` and
+  ``Init done, global batch size = B``.
+
+Throughput in these logs is global (all data-parallel ranks), as Colossal-AI computes it
+(``num_samples * dp_world_size / duration``). The configuration follows the flags of
+``examples/language/llama/benchmark.py`` (``-c/--config``, ``-p/--plugin``, ``-b/--batch_size`` per
+data-parallel rank, ``-l/--max_length``, ``-g``, ``--tp``, ``--pp``, ``--zero``, ``--mbs``,
+``--pp_style``, ``--n_chunks``) with that script's defaults for flags left out; overrides win over
+the log. :func:`import_logs` returns the validated table (see ``calibration.measurements``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from calibration.measurements import normalise_measurements, preset_name
+from perfmodel.errors import AisimError, bad_value
+
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_LAUNCHER = re.compile(
+    r"(?:^|[\s;&|(])(colossalai\s+run|torchrun|python3?\s+-m\s+torch\.distributed\.(?:run|launch)"
+    r"|deepspeed)\s"
+)
+_THROUGHPUT = re.compile(r"Throughput:\s*" + _NUM + r"\s*samples/sec")
+_TFLOPS_MEGATRON = re.compile(r"TFLOPS per GPU by Megatron:\s*" + _NUM)
+_TFLOPS = re.compile(r"TFLOPS per GPU:\s*" + _NUM)
+_MAX_MEM = re.compile(r"Max CUDA memory usage:\s*" + _NUM + r"\s*MB")
+_PARAMS = re.compile(r"Model params:\s*" + _NUM + r"\s*([KMBT]?)\b")
+_LEGACY_EPOCH = re.compile(r"\[Epoch \d+ / Train\]:.*?\bThroughput\s*=\s*" + _NUM)
+_LEGACY_STEP = re.compile(_NUM + r"\s*sample_per_sec")
+_LEGACY_TIME = re.compile(r"Train-step:\s*last\s*=\s*" + _NUM + r"\s*s,\s*mean\s*=\s*" + _NUM)
+_LEGACY_DIST = re.compile(
+    r"data parallel size:\s*(\d+),\s*pipeline parallel size:\s*(\d+),\s*tensor parallel size:\s*(\d+)"
+)
+_LEGACY_BATCH = re.compile(r"global batch size\s*=\s*(\d+)")
+# Colossal-AI's format_numel_str uses binary multiples (B = 1024**3).
+_NUMEL = {"": 1, "K": 1024, "M": 1024**2, "B": 1024**3, "T": 1024**4}
+
+# benchmark.py's -c presets: Llama-2 shapes that are model presets, and shapes that are not.
+_CONFIG_PRESET = {"7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b"}
+_CONFIG_CUSTOM = {
+    "100m": dict(num_layers=4, hidden_size=1024, num_heads=32, ffn_hidden_size=2048),
+    "5b": dict(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=11008
+    ),
+    "30b": dict(num_layers=60, hidden_size=6656, num_heads=52, ffn_hidden_size=17920),
+    "65b": dict(num_layers=80, hidden_size=8192, num_heads=64, ffn_hidden_size=22016),
+}
+_LLAMA_VOCAB = 32000
+
+OVERRIDES = (
+    "plugin", "tp", "pp", "zero", "batch_size", "global_batch_size", "num_gpus", "nnodes",
+    "model", "hardware", "seq_len", "dtype", "mbs", "grad_checkpoint",
+)  # fmt: skip
+FLOP_CONVENTION = {
+    "current": "2*N*(3+ckpt) per token, divided by tp*pp (Colossal-AI PerformanceEvaluator)",
+    "older": "2*N*(3+ckpt) per token, not divided by tp*pp (older Colossal-AI evaluator)",
+}
+
+
+@dataclass
+class Run:
+    """One run found in a log: its command line and the result lines after it."""
+
+    command: str | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+def split_runs(text: str) -> list[Run]:
+    """Splits a log into runs; each launcher command line starts a new one."""
+    runs = [Run()]
+    for line in text.splitlines():
+        if _LAUNCHER.search(line) and ".py" in line:
+            runs.append(Run(command=line.strip()))
+        else:
+            runs[-1].lines.append(line)
+    if runs[0].command is None and not any(_has_result(ln) for ln in runs[0].lines):
+        runs = runs[1:]
+    return runs
+
+
+def _has_result(line: str) -> bool:
+    return bool(_THROUGHPUT.search(line) or _LEGACY_EPOCH.search(line) or "sample_per_sec" in line)
+
+
+def _script_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("-c", "--config", "--model_type")
+    p.add_argument("-p", "--plugin", "--distplan")
+    p.add_argument("-b", "--batch_size", type=int)
+    p.add_argument("-l", "--max_length", "--seq_len", type=int)
+    p.add_argument("-g", "--grad_checkpoint", action="store_true", default=None)
+    p.add_argument("--tp", "--tp_degree", type=int)
+    p.add_argument("--pp", type=int)
+    p.add_argument("--sp", type=int)
+    p.add_argument("--zero", type=int)
+    p.add_argument("--mbs", type=int)
+    p.add_argument("--pp_style")
+    p.add_argument("--n_chunks", type=int)
+    return p
+
+
+def parse_command(command: str) -> dict[str, Any]:
+    """Reads launcher and script flags from one command line (no defaults applied)."""
+    try:
+        tokens = shlex.split(command, comments=False)
+    except ValueError:
+        tokens = command.split()
+    script_at = next((i for i, t in enumerate(tokens) if t.endswith(".py")), len(tokens))
+    launcher, script = tokens[:script_at], tokens[script_at + 1 :]
+    cfg: dict[str, Any] = {}
+    for i, tok in enumerate(launcher):
+        name, _, value = tok.partition("=")
+        if not value and i + 1 < len(launcher):
+            value = launcher[i + 1]
+        if name in ("--nproc_per_node", "--nproc-per-node") and value.isdigit():
+            cfg["nproc_per_node"] = int(value)
+        elif name in ("--nnodes", "--num_nodes", "--num-nodes") and value.isdigit():
+            cfg["nnodes"] = int(value)
+        elif name == "--hostfile":
+            cfg["hostfile"] = value
+    if script_at < len(tokens):
+        cfg["script"] = os.path.basename(tokens[script_at])
+    args, _ = _script_parser().parse_known_args(script)
+    cfg.update({k: v for k, v in vars(args).items() if v is not None})
+    return cfg
+
+
+def _last(pattern: re.Pattern, lines: list[str]) -> re.Match | None:
+    found = None
+    for line in lines:
+        for m in pattern.finditer(line):
+            found = m
+    return found
+
+
+def parse_results(lines: list[str]) -> dict[str, Any]:
+    """Reads the result lines of one run (the last occurrence of each wins)."""
+    res: dict[str, Any] = {}
+    m = _last(_THROUGHPUT, lines)
+    if m is not None:
+        line = m.string
+        res["throughput_samples_per_s"] = float(m.group(1))
+        meg, plain = _TFLOPS_MEGATRON.search(line), _TFLOPS.search(line)
+        res["log_format"] = "current" if meg else "older"
+        if meg:
+            res["tflops_per_gpu_megatron"] = float(meg.group(1))
+        if plain:
+            res["tflops_per_gpu"] = float(plain.group(1))
+    else:
+        epoch = _last(_LEGACY_EPOCH, lines)
+        steps = [float(m.group(1)) for ln in lines for m in _LEGACY_STEP.finditer(ln)]
+        if epoch is not None:
+            res["throughput_samples_per_s"] = float(epoch.group(1))
+        elif steps:
+            res["throughput_samples_per_s"] = statistics.median(steps)
+        if "throughput_samples_per_s" in res:
+            res["log_format"] = "legacy"
+        t = _last(_LEGACY_TIME, lines)
+        if t is not None:
+            res["step_time_s"] = float(t.group(2))
+        d = _last(_LEGACY_DIST, lines)
+        if d is not None:
+            res["dp"], res["pp"], res["tp"] = (int(x) for x in d.groups())
+        b = _last(_LEGACY_BATCH, lines)
+        if b is not None:
+            res["global_batch_size"] = int(b.group(1))
+    if (m := _last(_MAX_MEM, lines)) is not None:
+        res["peak_mem_mib"] = float(m.group(1))  # Colossal-AI divides bytes by 1024**2
+    if (m := _last(_PARAMS, lines)) is not None:
+        res["num_params"] = round(float(m.group(1)) * _NUMEL[m.group(2)])
+    return res
+
+
+def _model(config: str) -> dict[str, Any]:
+    key = config.strip().lower()
+    if key in _CONFIG_PRESET:
+        return {"model": _CONFIG_PRESET[key]}
+    if key in _CONFIG_CUSTOM:
+        return {"model": "custom", "vocab_size": _LLAMA_VOCAB, **_CONFIG_CUSTOM[key]}
+    m = re.search(r"llama-?(\d)-?(\d+)b", key)
+    if m:
+        return {"model": f"llama{m.group(1)}-{m.group(2)}b"}
+    return {"model": preset_name(key.rsplit("/", 1)[-1])}
+
+
+def run_row(run: Run, overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One measurement row (canonical column names) for one run."""
+    res = parse_results(run.lines)
+    if "throughput_samples_per_s" not in res:
+        raise AisimError(f"{where}: no 'Throughput: X samples/sec' or 'sample_per_sec' result")
+    cmd = parse_command(run.command) if run.command else {}
+    legacy = res["log_format"] == "legacy"
+    # benchmark.py's defaults, for flags that its command line leaves out.
+    defaults = {} if legacy or not run.command else {
+        "config": "7b", "plugin": "gemini", "batch_size": 2, "max_length": 4096, "tp": 1,
+        "pp": 1, "zero": 0, "mbs": 1, "grad_checkpoint": False, "pp_style": "1f1b", "n_chunks": 1,
+    }  # fmt: skip
+    ov = {k: v for k, v in overrides.items() if v is not None}
+
+    def get(key: str, cmd_key: str | None = None) -> Any:
+        if key in ov:
+            return ov[key]
+        cmd_key = cmd_key or key
+        if cmd_key in cmd:
+            return cmd[cmd_key]
+        if key in res:
+            return res[key]
+        return defaults.get(cmd_key)
+
+    row: dict[str, Any] = {}
+    config = get("model", "config")
+    if isinstance(config, str) and config.endswith(".py"):
+        config = None  # the legacy trainer's --config is a Python config file, not a model
+    if config is not None:
+        row.update(_model(str(config)) if "model" not in ov else {"model": ov["model"]})
+    plugin = get("plugin")
+    tp, pp = get("tp"), get("pp")
+    if (get("sp") or 1) > 1:
+        raise AisimError(f"{where}: sequence parallel size --sp {get('sp')} > 1 is not modelled")
+    num_gpus = ov.get("num_gpus")
+    if num_gpus is None and "nproc_per_node" in cmd:
+        nnodes = ov.get("nnodes", cmd.get("nnodes"))
+        if nnodes is None and "hostfile" in cmd:
+            raise AisimError(
+                f"{where}: the command uses --hostfile, so the world size is not in the log;"
+                " pass --num-gpus (or --nnodes)"
+            )
+        num_gpus = cmd["nproc_per_node"] * (nnodes or 1)
+    dp = res.get("dp")
+    if num_gpus is None and dp is not None and tp is not None and pp is not None:
+        num_gpus = dp * tp * pp
+    if num_gpus is None:
+        raise AisimError(f"{where}: the world size is not in the log; pass --num-gpus")
+
+    zero = get("zero")
+    plugin_s = str(plugin).lower() if plugin is not None else None
+    if plugin_s and plugin_s.startswith(("gemini", "fsdp")):
+        zero, pp = 3, 1  # Gemini and FSDP shard everything, without pipeline stages
+    row.update(num_gpus=num_gpus, tp=tp, pp=pp, zero_stage=zero, plugin=plugin)
+    if dp is None and tp is not None and pp is not None and num_gpus % (tp * pp) == 0:
+        dp = num_gpus // (tp * pp)
+    row["dp"] = dp
+
+    per_dp = get("batch_size")
+    gbs = ov.get("global_batch_size", res.get("global_batch_size"))
+    if gbs is None and per_dp is not None and dp is not None:
+        gbs = per_dp * dp
+    if gbs is None and per_dp is None and "step_time_s" not in res:
+        raise AisimError(f"{where}: the batch size is not in the log; pass --batch-size")
+    row["global_batch_size"] = gbs
+    row["batch_size_per_dp"] = per_dp if per_dp is not None else (
+        gbs // dp if gbs is not None and dp else None
+    )  # fmt: skip
+    if row["batch_size_per_dp"] is not None and pp is not None:
+        mbs = get("mbs") if pp > 1 else row["batch_size_per_dp"]
+        if mbs is not None:
+            if row["batch_size_per_dp"] % mbs:
+                raise bad_value(where, "mbs", mbs, f"a divisor of the batch size per rank "
+                                f"{row['batch_size_per_dp']}")  # fmt: skip
+            row["micro_batch_size"] = mbs
+            row["num_microbatches"] = row["batch_size_per_dp"] // mbs
+    style = get("pp_style")
+    row["interleave"] = get("n_chunks") if style == "interleaved" else (1 if style else None)
+    seq = get("seq_len", "max_length")
+    row["seq_len"] = seq
+    gc = get("grad_checkpoint")
+    row["recompute"] = None if gc is None else ("full" if gc else "none")
+    dtype = ov.get("dtype")
+    if dtype is None and plugin_s:
+        dtype = "fp16" if plugin_s.startswith("fsdp") else "bf16"  # as benchmark.py sets them
+    row["dtype"] = dtype
+    row["hardware"] = ov.get("hardware")
+    for key in ("throughput_samples_per_s", "step_time_s", "tflops_per_gpu",
+                "tflops_per_gpu_megatron", "peak_mem_mib", "num_params"):  # fmt: skip
+        row[key] = res.get(key)
+    row["flop_convention"] = FLOP_CONVENTION.get(res["log_format"]) if "tflops_per_gpu" in res \
+        else None  # fmt: skip
+    row["log_format"] = res["log_format"]
+    row["command"] = run.command
+    return row
+
+
+def parse_log(
+    text: str, source: str = "<log>", overrides: Mapping[str, Any] | None = None
+) -> pd.DataFrame:
+    """Measurement rows, unvalidated, for every run of one log that reports a result.
+
+    Runs without a result (for example, out of memory) are skipped; they are listed in
+    ``attrs['skipped']``.
+    """
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(OVERRIDES))
+    if unknown:
+        raise AisimError(f"unknown Colossal-AI override(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(OVERRIDES)}")  # fmt: skip
+    rows, numbers, skipped = [], [], []
+    for n, run in enumerate(split_runs(text), start=1):
+        where = f"{source}: run {n}"
+        if not any(_has_result(ln) for ln in run.lines):
+            skipped.append(f"{where}: no result line (the run did not finish?)")
+            continue
+        rows.append(run_row(run, overrides, where))
+        numbers.append(n)
+    if not rows:
+        raise AisimError(f"{source}: no Colossal-AI result line ('Throughput: X samples/sec' or "
+                         f"'sample_per_sec') found")  # fmt: skip
+    df = pd.DataFrame(rows)
+    df.insert(0, "run", numbers)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def import_logs(
+    paths: Iterable[str | os.PathLike],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    skip_bad_rows: bool = False,
+) -> pd.DataFrame:
+    """Parses Colossal-AI logs into one validated measurement table.
+
+    Args:
+      paths: log files; each may hold several runs.
+      overrides: values that win over the log (keys in :data:`OVERRIDES`; ``batch_size`` is per
+        data-parallel rank, as Colossal-AI's ``-b``, and ``zero`` the ZeRO stage).
+      skip_bad_rows: drop runs that fail validation instead of raising.
+
+    Returns:
+      The table of :func:`calibration.measurements.normalise_measurements`, plus ``plugin``, ``batch_size_per_dp``, ``tflops_per_gpu_megatron``,
+      ``peak_mem_mib``, ``num_params``, ``log_format`` and ``command``; ``source_file`` is the log
+      and ``source_row`` the run number. ``attrs['skipped']`` lists runs left out.
+    """
+    frames, skipped = [], []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise AisimError(f"{path}: file not found")
+        text = path.read_text(errors="replace")
+        raw = parse_log(text, source=str(path), overrides=overrides)
+        df = normalise_measurements(
+            raw.drop(columns="run"), source=str(path), skip_bad_rows=skip_bad_rows,
+            rows=raw["run"].tolist(),
+        )  # fmt: skip
+        skipped += raw.attrs["skipped"] + df.attrs.get("skipped", [])
+        frames.append(df)
+    if not frames:
+        raise AisimError("no log files given")
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["skipped"] = skipped
+    return out

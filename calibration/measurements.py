@@ -1,0 +1,505 @@
+"""Load measurement / configuration CSVs into one canonical table, validated at the boundary.
+
+Contract: :func:`load_measurements` reads a CSV whose columns use the canonical names of
+``DESIGN.md`` or any of their aliases (Colossal-AI and DistIR spellings, any letter case) and
+returns a DataFrame with canonical names, normalised values and these derived columns:
+
+- ``dp`` = num_gpus / (tp·pp) and ``num_gpus`` = dp·tp·pp where blank;
+- ``measured_step_time_s``: ``step_time_s`` if given, else global_batch_size / throughput, else NaN;
+- ``has_measurement``: whether the row may be fitted on (rows without one are kept, for
+  prediction; a ``kind`` of ``simulated`` marks a value as not measured);
+- ``source_file`` and ``source_row`` (1-based data row, the header not counted).
+
+Unknown columns pass through unchanged. Every bad cell is reported as ``FILE:ROW: field 'COL'
+= V: expected ...``; all of them are collected into one :class:`~perfmodel.errors.AisimError`
+(first line a summary), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
+are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
+turns blanks into NaN), ``sequence_parallel`` the nullable ``boolean``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.errors import AisimError, bad_value, suggest
+
+Purpose = Literal["any", "fit", "predict"]
+
+# canonical name -> accepted aliases (DESIGN.md, "Measurement / configuration CSV").
+ALIASES: dict[str, tuple[str, ...]] = {
+    "model": ("model_name", "model_size"),
+    "num_layers": (),
+    "hidden_size": (),
+    "num_heads": ("attention_heads",),
+    "seq_len": ("max_length",),
+    "vocab_size": ("vocab",),
+    "ffn_hidden_size": (),
+    "num_kv_heads": (),
+    "hardware": ("gpu", "gpu_type"),
+    "num_gpus": ("world_size",),
+    "gpus_per_node": (),
+    "dp": ("dp_degree", "dp_size", "data_parallel"),
+    "tp": ("hp_degree", "tp_size", "tensor_parallel"),
+    "pp": ("pp_degree", "pp_size", "pipeline_parallel"),
+    "global_batch_size": ("batch_size",),
+    "micro_batch_size": ("microbatch_size", "mbs"),
+    "num_microbatches": (),
+    "interleave": ("pipeline_interleaving", "num_model_chunks"),
+    "recompute": ("recompute_mode", "grad_checkpoint"),
+    "sequence_parallel": (),
+    "zero_stage": (),
+    "dtype": ("precision",),
+    "step_time_s": ("latency", "measured_iteration_time_s", "avg_duration"),
+    "throughput_samples_per_s": ("throughput", "throughput_samples_s"),
+    "tflops_per_gpu": (),
+    "flop_convention": (),
+}
+CANONICAL: tuple[str, ...] = tuple(ALIASES)
+
+# Columns holding a positive integer count; zero_stage is checked on its own (0-3).
+POSITIVE_INT = (
+    "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn_hidden_size",
+    "num_kv_heads", "num_gpus", "gpus_per_node", "dp", "tp", "pp", "global_batch_size",
+    "micro_batch_size", "num_microbatches", "interleave",
+)  # fmt: skip
+POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
+MEASURED = ("step_time_s", "throughput_samples_per_s")
+DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
+
+RECOMPUTE = ("none", "selective", "full")
+DTYPES: dict[str, str] = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "32": "fp32",
+    "tf32": "tf32", "tensorfloat32": "tf32",
+    "bf16": "bf16", "bfloat16": "bf16", "bf16-mixed": "bf16", "amp_bf16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16", "16": "fp16",
+    "fp16-mixed": "fp16", "amp": "fp16", "amp_fp16": "fp16", "mixed": "fp16",
+    "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
+}  # fmt: skip
+_TRUE = ("yes", "true", "1", "y", "t", "on")
+_FALSE = ("no", "false", "0", "n", "f", "off")
+_NOT_MEASURED_KINDS = ("simulated", "simulation", "predicted", "estimated")
+
+
+def _key(header: str) -> str:
+    return str(header).strip().lower().replace(" ", "_").replace("-", "_")
+
+
+_ALIAS_OF: dict[str, str] = {}
+for _canon, _aliases in ALIASES.items():
+    for _name in (_canon, *_aliases):
+        _ALIAS_OF[_key(_name)] = _canon
+
+
+def _preset_names(kind: str) -> list[str] | None:
+    """The preset names of ``kind`` ('model' or 'hardware'), or None while unavailable."""
+    try:
+        if kind == "model":
+            from perfmodel.workload import model_names
+        else:
+            from perfmodel.hardware import hardware_names as model_names
+    except ImportError:
+        return None
+    return list(model_names())
+
+
+def preset_name(text: str) -> str:
+    """Normalises a model or hardware name: ``'A100-80GB (Selene)'`` -> ``'a100-80gb'``."""
+    text = str(text).strip()
+    if text.endswith(")") and "(" in text:
+        text = text[: text.rindex("(")]
+    return text.strip().lower().replace(" ", "-").replace("_", "-")
+
+
+def _blank(v: Any) -> bool:
+    if v is None or v is pd.NA:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    return isinstance(v, str) and v.strip() == ""
+
+
+def _as_number(v: Any) -> float:
+    """A cell as a float; raises ValueError for text that is not a number."""
+    if isinstance(v, bool | np.bool_):
+        raise ValueError
+    if isinstance(v, int | float | np.integer | np.floating):
+        return float(v)
+    return float(str(v).strip())
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    s = str(v).strip().lower()
+    if s.endswith(".0"):
+        s = s[:-2]
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ValueError
+
+
+class _Problems:
+    """Collects ``(row index, message)`` pairs for the one error raised at the end."""
+
+    def __init__(self, source: str, rows: list[int]):
+        self.source = source
+        self.rows = rows  # index position -> 1-based file row
+        self.items: list[tuple[int, str]] = []
+
+    def add(self, i: int, field: str, value: Any, expected: str) -> None:
+        where = f"{self.source}:{self.rows[i]}"
+        self.items.append((i, str(bad_value(where, field, value, expected))))
+
+
+def _rename(df: pd.DataFrame) -> pd.DataFrame:
+    """Maps alias headers to canonical names; coalesces a canonical column with its aliases."""
+    groups: dict[str, list[str]] = {}
+    for col in df.columns:
+        canon = _ALIAS_OF.get(_key(col))
+        if canon is not None:
+            groups.setdefault(canon, []).append(col)
+    out = pd.DataFrame(index=df.index)
+    for col in df.columns:
+        canon = _ALIAS_OF.get(_key(col))
+        if canon is None:
+            out[col] = _infer(df[col])
+            continue
+        if canon in out.columns:
+            continue
+        # The canonical spelling wins; an alias only fills its blanks.
+        cols = sorted(groups[canon], key=lambda c: _key(c) != canon)
+        merged = _column(df, cols[0])
+        for other in cols[1:]:
+            merged = merged.where(~merged.map(_blank), _column(df, other))
+        out[canon] = merged
+    return out
+
+
+def _infer(col: pd.Series) -> pd.Series:
+    """A pass-through column of text becomes numeric when every non-blank cell is a number."""
+    if col.dtype != object and not pd.api.types.is_string_dtype(col):
+        return col
+    filled = col[~col.map(_blank)]
+    try:
+        filled.map(_as_number)
+    except (ValueError, TypeError):
+        return col
+    return pd.to_numeric(col.where(~col.map(_blank), np.nan))
+
+
+def _column(df: pd.DataFrame, col: str) -> pd.Series:
+    s = df[col].astype(object)
+    if _key(col) == "grad_checkpoint":
+        # A boolean: true means full recomputation, false none.
+        def convert(v: Any) -> Any:
+            try:
+                return v if _blank(v) else ("full" if _as_bool(v) else "none")
+            except ValueError:
+                return v  # reported by the recompute check
+
+        s = s.map(convert)
+    return s
+
+
+def normalise_measurements(
+    df: pd.DataFrame,
+    source: str = "<table>",
+    skip_bad_rows: bool = False,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    purpose: Purpose = "any",
+    rows: Iterable[int] | None = None,
+) -> pd.DataFrame:
+    """Maps aliases to canonical columns, normalises values, derives columns and validates.
+
+    Args:
+      df: one row per run; any header spelling from DESIGN.md's table, any letter case.
+      source: the file name used in messages.
+      skip_bad_rows: drop failing rows (messages in ``attrs['skipped']``) instead of raising.
+      defaults: canonical column -> value used where the column is absent or a cell is blank
+        (for example ``{"model": "mlp-small", "hardware": "v100-32gb", "dtype": "fp16"}``).
+      purpose: ``"fit"`` needs model, hardware and a measured value (step_time_s, or throughput
+        with global_batch_size); ``"predict"`` needs model and hardware; ``"any"`` needs nothing.
+      rows: the 1-based file row of each row of ``df`` (default 1..n).
+
+    Returns:
+      A new DataFrame (see the module docstring for its columns).
+
+    Raises:
+      AisimError: a required column is missing, or some rows are bad and not skipped.
+    """
+    rows = list(rows) if rows is not None else list(range(1, len(df) + 1))
+    df = _rename(df.reset_index(drop=True))
+    for name, value in (defaults or {}).items():
+        canon = _ALIAS_OF.get(_key(name), name)
+        if canon not in df.columns:
+            df[canon] = value
+        else:
+            df[canon] = df[canon].astype(object).where(~df[canon].map(_blank), value)
+    _check_required(df, source, purpose)
+    problems = _Problems(source, rows)
+    n = len(df)
+    out = df.copy()
+
+    for col in POSITIVE_INT + POSITIVE_FLOAT + ("zero_stage",):
+        if col in df.columns:
+            out[col] = _numbers(df[col], col, problems)
+    for col in ("model", "hardware"):
+        if col in df.columns:
+            out[col] = pd.Series(
+                [np.nan if _blank(v) else preset_name(v) for v in df[col]],
+                index=df.index,
+                dtype=object,
+            )
+    if "dtype" in df.columns:
+        out["dtype"] = _choice(df["dtype"], "dtype", problems, lambda s: DTYPES.get(s),
+                               "one of fp32, tf32, bf16, fp16, fp8")  # fmt: skip
+    if "recompute" in df.columns:
+        out["recompute"] = _choice(df["recompute"], "recompute", problems,
+                                   lambda s: s if s in RECOMPUTE else None,
+                                   "one of none, selective, full")  # fmt: skip
+    if "sequence_parallel" in df.columns:
+        vals: list[Any] = []
+        for i, v in enumerate(df["sequence_parallel"]):
+            if _blank(v):
+                vals.append(pd.NA)
+                continue
+            try:
+                vals.append(_as_bool(v))
+            except ValueError:
+                problems.add(i, "sequence_parallel", v, "yes/no, true/false or 1/0")
+                vals.append(pd.NA)
+        out["sequence_parallel"] = pd.array(vals, dtype="boolean")
+
+    _derive_parallel(out, problems)
+    _check_rows(out, problems, purpose)
+    out["measured_step_time_s"], out["has_measurement"] = _measured(out)
+    for col in POSITIVE_INT + ("zero_stage",):
+        if col in out.columns:
+            out[col] = _to_int(out[col])
+    out["source_file"] = source
+    out["source_row"] = pd.array(rows, dtype="Int64")
+
+    bad = sorted({i for i, _ in problems.items})
+    messages = [m for _, m in problems.items]
+    if bad and not skip_bad_rows:
+        head = (
+            f"{source}: {len(bad)} of {n} rows are invalid"
+            " (fix them, or pass --skip-bad-rows to use the rest):"
+        )
+        raise AisimError("\n".join([head, *messages]))
+    if bad and len(bad) == n:
+        raise AisimError("\n".join([f"{source}: every row is invalid:", *messages]))
+    out = out.drop(index=[out.index[i] for i in bad]).reset_index(drop=True)
+    out.attrs["skipped"] = messages
+    return out
+
+
+def load_measurements(
+    path: str | os.PathLike,
+    *,
+    skip_bad_rows: bool = False,
+    defaults: Mapping[str, Any] | None = None,
+    purpose: Purpose = "any",
+) -> pd.DataFrame:
+    """Reads a measurement / configuration CSV and normalises it (see :func:`normalise_measurements`).
+
+    Every cell is read as text first, so that a literal ``nan`` or ``inf`` is reported as a bad
+    value rather than taken for a blank.
+
+    Raises:
+      AisimError: the file is missing or unreadable, or has bad rows (see above).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AisimError(f"{path}: file not found")
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise AisimError(f"{path}: not a readable CSV ({str(e).strip().splitlines()[0]})") from None
+    raw.columns = [str(c).strip() for c in raw.columns]
+    return normalise_measurements(
+        raw, source=str(path), skip_bad_rows=skip_bad_rows, defaults=defaults, purpose=purpose
+    )
+
+
+def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
+    def accepted(canon: str) -> str:
+        return ", ".join((canon, *ALIASES[canon]))
+
+    needed = [] if purpose == "any" else ["model", "hardware"]
+    for canon in needed:
+        if canon not in df.columns:
+            raise AisimError(
+                f"{source}: missing required column '{canon}' (accepted headers: {accepted(canon)};"
+                " or give a default)"
+            )
+    if purpose == "fit":
+        has_time = "step_time_s" in df.columns
+        has_tput = "throughput_samples_per_s" in df.columns
+        if not (has_time or has_tput):
+            raise AisimError(
+                f"{source}: fitting needs a measured value column: step_time_s"
+                f" ({accepted('step_time_s')}) or throughput_samples_per_s"
+                f" ({accepted('throughput_samples_per_s')})"
+            )
+        if not has_time and "global_batch_size" not in df.columns:
+            raise AisimError(
+                f"{source}: missing required column 'global_batch_size' (needed to turn"
+                f" throughput into step time; accepted headers: {accepted('global_batch_size')})"
+            )
+
+
+def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
+    vals = np.full(len(col), np.nan)
+    integer = name in POSITIVE_INT or name == "zero_stage"
+    for i, v in enumerate(col):
+        if _blank(v):
+            continue
+        try:
+            x = _as_number(v)
+        except ValueError:
+            problems.add(i, name, v, "an integer" if integer else "a number")
+            continue
+        if not math.isfinite(x):
+            problems.add(i, name, v, "a finite number (leave the cell blank if not measured)")
+        elif name == "zero_stage":
+            if x not in (0, 1, 2, 3):
+                problems.add(i, name, v, "a ZeRO stage 0, 1, 2 or 3")
+            else:
+                vals[i] = x
+        elif x <= 0:
+            problems.add(i, name, v, "a positive number" if not integer else "a positive integer")
+        elif integer and x != round(x):
+            problems.add(i, name, v, "a positive integer")
+        else:
+            vals[i] = x
+    return pd.Series(vals, index=col.index)
+
+
+def _choice(
+    col: pd.Series, name: str, problems: _Problems, lookup: Callable[[str], str | None], expected
+) -> pd.Series:
+    vals: list[Any] = []
+    for i, v in enumerate(col):
+        if _blank(v):
+            vals.append(np.nan)
+            continue
+        got = lookup(str(v).strip().lower())
+        if got is None:
+            problems.add(i, name, v, expected)
+            vals.append(np.nan)
+        else:
+            vals.append(got)
+    return pd.Series(vals, index=col.index, dtype=object)
+
+
+def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:
+    """dp = num_gpus/(tp·pp) and num_gpus = dp·tp·pp where blank; checks their consistency."""
+    for col in ("num_gpus", "dp", "tp", "pp"):
+        if col not in df.columns:
+            df[col] = np.nan
+    ng = df["num_gpus"].to_numpy(float).copy()
+    dp = df["dp"].to_numpy(float).copy()
+    tp = df["tp"].to_numpy(float)
+    pp = df["pp"].to_numpy(float)
+    for i in range(len(df)):
+        model_par = tp[i] * pp[i]
+        if math.isnan(model_par):
+            # With one degree blank, the other must still divide the world size.
+            known = [(c, x) for c, x in (("tp", tp[i]), ("pp", pp[i])) if not math.isnan(x)]
+            if known and not math.isnan(ng[i]) and ng[i] % known[0][1]:
+                c, x = known[0]
+                problems.add(i, c, int(x), f"{c} = {int(x)} to divide num_gpus = {int(ng[i])}")
+            continue
+        if math.isnan(dp[i]) and not math.isnan(ng[i]):
+            if ng[i] % model_par:
+                problems.add(
+                    i, "tp", int(tp[i]),
+                    f"tp·pp = {int(tp[i])}·{int(pp[i])} = {int(model_par)} to divide"
+                    f" num_gpus = {int(ng[i])}",
+                )  # fmt: skip
+                continue
+            dp[i] = ng[i] / model_par
+        elif math.isnan(ng[i]) and not math.isnan(dp[i]):
+            ng[i] = dp[i] * model_par
+        elif not math.isnan(ng[i]) and dp[i] * model_par != ng[i]:
+            problems.add(
+                i, "dp", int(dp[i]),
+                f"dp·tp·pp = {int(dp[i])}·{int(tp[i])}·{int(pp[i])} = {int(dp[i] * model_par)}"
+                f" to equal num_gpus = {int(ng[i])}",
+            )  # fmt: skip
+    df["num_gpus"] = ng
+    df["dp"] = dp
+
+
+def _check_rows(df: pd.DataFrame, problems: _Problems, purpose: Purpose) -> None:
+    for kind in ("model", "hardware"):
+        names = _preset_names(kind) if kind in df.columns else None
+        if names is None:
+            continue
+        known = set(names)
+        for i, v in enumerate(df[kind]):
+            if _blank(v) or v in known:
+                continue
+            if kind == "model" and v == "custom":
+                missing = [c for c in DIMENSIONS if c not in df.columns or _blank(df[c].iloc[i])]
+                if missing:
+                    problems.add(i, "model", v, f"'custom' with the columns {', '.join(missing)}")
+                continue
+            extra = ", or 'custom' with the dimension columns" if kind == "model" else ""
+            problems.add(i, kind, v, f"a {kind} preset{extra}{suggest(v, known)}")
+    if purpose == "any":
+        return
+    for kind in ("model", "hardware"):
+        for i, v in enumerate(df[kind]):
+            if _blank(v):
+                problems.add(i, kind, "", f"a {kind} preset name (the cell is blank)")
+    if purpose == "fit" and "throughput_samples_per_s" in df.columns:
+        t = df["step_time_s"] if "step_time_s" in df.columns else None
+        b = df["global_batch_size"] if "global_batch_size" in df.columns else None
+        for i, q in enumerate(df["throughput_samples_per_s"]):
+            no_time = t is None or math.isnan(t.iloc[i])
+            if no_time and not math.isnan(q) and (b is None or math.isnan(b.iloc[i])):
+                problems.add(i, "global_batch_size", "", "a batch size, to turn throughput into"
+                             " step time")  # fmt: skip
+
+
+def _measured(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """step_time_s where given, else global_batch_size / throughput; NaN when not measured."""
+    n = len(df)
+    nan = pd.Series(np.full(n, np.nan), index=df.index)
+    t = df["step_time_s"].astype(float) if "step_time_s" in df.columns else nan
+    if "throughput_samples_per_s" in df.columns and "global_batch_size" in df.columns:
+        derived = df["global_batch_size"].astype(float) / df["throughput_samples_per_s"].astype(
+            float
+        )
+    else:
+        derived = nan
+    value = t.where(t.notna(), derived)
+    if "kind" in df.columns:
+        simulated = df["kind"].map(lambda v: str(v).strip().lower() in _NOT_MEASURED_KINDS)
+        value = value.where(~simulated.astype(bool), np.nan)
+    value = value.astype(float)
+    return value, value.notna() & np.isfinite(value)
+
+
+def _to_int(col: pd.Series) -> pd.Series:
+    x = col.astype(float).to_numpy()
+    return pd.Series(
+        pd.array([pd.NA if math.isnan(v) else int(v) for v in x], dtype="Int64"), index=col.index
+    )
+
+
+def data_path(name: str) -> Path:
+    """The path of a CSV shipped in ``calibration/data`` (see its SOURCES.md)."""
+    return Path(__file__).parent / "data" / name
