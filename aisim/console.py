@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,11 @@ from rich.table import Table
 
 from perfmodel.errors import AisimError
 
-console = Console()
-err_console = Console(stderr=True)
+# Tables are wide; when the output is not a terminal (a pipe, a file, a test) rich would fall
+# back to 80 columns and fold names, so give it room.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

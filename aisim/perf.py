@@ -19,7 +19,7 @@ from perfmodel.strategy import strategy_from_knobs
 
 app = typer.Typer(no_args_is_help=True)
 
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (case-insensitive), or 'custom' with --layers --hidden --heads --seq-len --vocab.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model preset (case-insensitive; default gpt3-175b), or 'custom' with --layers --hidden --heads --seq-len --vocab.")]
 ModelFileOpt = Annotated[Path | None, typer.Option("--model-file", help="Your own model JSON (schema of perfmodel/profiles/models).")]
 ParamsOpt = Annotated[str | None, typer.Option("--params", help="A square bias-free MLP with about this many parameters, e.g. 60M.")]
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware preset (case-insensitive).")]
@@ -29,7 +29,8 @@ CostModelOpt = Annotated[str, typer.Option("--cost-model", help="aisim (default)
 
 
 def estimate_one(
-    *, model: str = "gpt3-175b", model_file: Path | None = None, params: str | None = None,
+    *, model: str | None = None, model_file: Path | None = None, params: str | None = None,
+    widths: str | None = None,
     layers: int | None = None, hidden: int | None = None, heads: int | None = None,
     seq_len: int | None = None, vocab: int | None = None, hardware: str = "a100-80gb",
     hardware_file: Path | None = None, gpus: int = 8, gpus_per_node: int | None = None, tp: int = 1,
@@ -38,7 +39,7 @@ def estimate_one(
     dtype: str = "bf16", dp_overlap: bool = True, profile: Path | None = None, cost_model: str = "aisim",
 ) -> dict:
     """The ``aisim perf estimate --json`` document for one strategy (library entry point)."""
-    m = resolve_model(model, model_file=model_file, params=params, layers=layers, hidden=hidden,
+    m = resolve_model(model, model_file=model_file, params=params, widths=widths, layers=layers, hidden=hidden,
                       heads=heads, seq_len=seq_len, vocab=vocab)
     hw = resolve_hardware(hardware, hardware_file)
     consts = resolve_constants(hw, profile)
@@ -71,9 +72,10 @@ def _params(spec):
 
 @app.command("estimate")
 def estimate(
-    model: ModelOpt = "gpt3-175b",
+    model: ModelOpt = None,
     model_file: ModelFileOpt = None,
     params: ParamsOpt = None,
+    widths: Annotated[str | None, typer.Option("--widths", help="A generic MLP by its layer widths, e.g. 784,200,200,10.")] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer layers (overrides the preset).")] = None,
     hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
@@ -103,7 +105,7 @@ def estimate(
         if cost_model not in COST_MODELS:
             raise AisimError(f"command line: field '--cost-model' = {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
         doc = estimate_one(
-            model=model, model_file=model_file, params=params, layers=layers, hidden=hidden, heads=heads,
+            model=model, model_file=model_file, params=params, widths=widths, layers=layers, hidden=hidden, heads=heads,
             seq_len=seq_len, vocab=vocab, hardware=hardware, hardware_file=hardware_file, gpus=gpus,
             gpus_per_node=gpus_per_node, tp=tp, pp=pp, global_batch=global_batch, micro_batch=micro_batch,
             schedule=schedule, interleave=interleave, recompute=recompute, sequence_parallel=sequence_parallel,

@@ -30,9 +30,20 @@ def bad_value(
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:
-    """Returns ``"; did you mean a, b?"`` with the closest names, or a list of all choices."""
+    """Returns ``"; did you mean a, b?"`` with the closest names, or a list of all choices.
+
+    Names are compared without case and punctuation, so ``gpt-3`` finds ``gpt3-175b``.
+    """
     choices = sorted(choices)
-    close = difflib.get_close_matches(name.lower(), choices, n=3, cutoff=0.5)
+
+    def norm(x: str) -> str:
+        return "".join(ch for ch in x.lower() if ch.isalnum())
+
+    key = norm(name)
+    by_norm = {norm(c): c for c in choices}
+    close = [by_norm[c] for c in difflib.get_close_matches(key, list(by_norm), n=3, cutoff=0.6)]
+    prefixed = [c for c in choices if key and norm(c).startswith(key) and c not in close]
+    close = (close + prefixed)[:5]
     if close:
         return "; did you mean " + ", ".join(close) + "?"
     return "; known: " + ", ".join(choices)
