@@ -1,5 +1,160 @@
-"""`aisim measure`: placeholder until its issue lands."""
+"""`aisim measure`: time real JAX training steps on the devices at hand; write measurement rows.
+
+A thin shell over :mod:`calibration.measure`: it resolves the model shape from a preset (with
+small-size overrides) or a parameter count, checks every configuration before running any, shows
+a progress bar on stderr, and writes the rows atomically in the measurement CSV schema.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aisim.console import (
+    check_out_suffix,
+    console,
+    err_console,
+    guard,
+    print_json,
+    rich_table,
+    write_table,
+)  # fmt: skip
+from perfmodel.errors import AisimError, bad_value
+
+SHOWN = ("model", "hardware", "num_gpus", "dp", "tp", "global_batch_size", "step_time_s",
+         "throughput_samples_per_s")  # fmt: skip
 
 
-def measure() -> None:
-    """Times real JAX training steps (not yet available)."""
+def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len, vocab, ffn):
+    """(model column, Shape) from a preset with overrides, or a square MLP of ``params``."""
+    from calibration.measure import Shape
+    from perfmodel import workload
+
+    if (model is None) == (params is None):
+        raise AisimError("give exactly one of --model NAME or --params COUNT (e.g. --params 20M)")
+    if params is not None:
+        spec = workload.mlp_from_params(params).spec
+        name = "custom"
+    else:
+        name = model.strip().lower()
+        spec = workload.load_model(name).spec
+    kind = spec.kind
+
+    def dim(value, field):
+        return int(value) if value is not None else int(round(float(getattr(spec, field))))
+
+    if kind == "mlp":
+        for opt, v in (("--heads", heads), ("--seq-len", seq_len), ("--vocab", vocab),
+                       ("--ffn", ffn)):  # fmt: skip
+            if v is not None:
+                raise bad_value(opt, opt.lstrip("-"), v, "no value: an MLP has no such dimension")
+        shape = Shape(kind="mlp", num_layers=dim(layers, "num_layers"),
+                      hidden_size=dim(hidden, "hidden_size"), bias=False)  # fmt: skip
+        if params is None and float(spec.input_size) != float(spec.output_size):
+            raise AisimError(f"--model {name}: only square MLPs are measured (input = output)")
+    else:
+        h = dim(hidden, "hidden_size")
+        n_heads = dim(heads, "num_heads")
+        kv = dim(None, "num_kv_heads") if heads is None else n_heads
+        ratio = float(spec.ffn_hidden_size) / float(spec.hidden_size)
+        shape = Shape(
+            kind="transformer", num_layers=dim(layers, "num_layers"), hidden_size=h,
+            num_heads=n_heads, num_kv_heads=kv,
+            ffn_hidden_size=int(ffn) if ffn is not None else int(round(ratio * h)),
+            seq_len=dim(seq_len, "seq_len"), vocab_size=dim(vocab, "vocab_size"),
+            gated_mlp=bool(float(spec.gated_mlp)), bias=bool(float(spec.bias)),
+            tied_embeddings=bool(float(spec.tied_embeddings)),
+            learned_pos_emb=bool(float(spec.learned_pos_emb)),
+        )  # fmt: skip
+        if h % n_heads or n_heads % kv:
+            raise bad_value("--heads", "heads", n_heads, f"a divisor of --hidden {h}")
+    if shape.num_layers < 1 or shape.hidden_size < 1:
+        raise AisimError("--layers and --hidden must be positive")
+    return name, shape
+
+
+def measure(
+    model: Annotated[
+        str | None, typer.Option(help="Model preset (gpt2, llama2-7b, mlp-small, ...).")
+    ] = None,
+    params: Annotated[
+        str | None, typer.Option(help="Square bias-free ReLU MLP of about this many parameters.")
+    ] = None,
+    dp: Annotated[str, typer.Option(help="Data-parallel degrees, comma-separated.")] = "1",
+    tp: Annotated[str, typer.Option(help="Tensor-parallel degrees, comma-separated.")] = "1",
+    global_batch: Annotated[
+        str, typer.Option(help="Global batch sizes in samples, comma-separated.")
+    ] = "8",
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length in tokens.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Override the number of layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Override the hidden size.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Override the attention heads.")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Override the vocabulary size.")] = None,
+    ffn: Annotated[int | None, typer.Option(help="Override the MLP hidden size.")] = None,
+    steps: Annotated[int, typer.Option(help="Timed steps per configuration.")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first (includes compiling).")] = 2,
+    dtype: Annotated[str, typer.Option(help="Compute dtype: fp32, bf16 or fp16.")] = "fp32",
+    hardware: Annotated[
+        str | None, typer.Option(help="Hardware preset to record (default: from the devices).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write rows to .csv, .parquet or .json.")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """Times real flax training steps (data and tensor parallel) and writes measurement rows."""
+    with guard():
+        import jax
+        import pandas as pd
+        from rich.progress import Progress
+
+        from calibration.measure import (
+            COMPUTE_DTYPES,
+            Config,
+            check_config,
+            hardware_for_devices,
+            measure_one,
+            parse_int_list,
+            shape_columns,
+        )  # fmt: skip
+
+        check_out_suffix(out)
+        if dtype not in COMPUTE_DTYPES:
+            raise bad_value("--dtype", "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
+        if steps < 1 or warmup < 0:
+            raise AisimError("--steps must be at least 1 and --warmup at least 0")
+        name, shape = _shape(model, params, layers, hidden, heads, seq_len, vocab, ffn)
+        configs = [
+            Config(dp=d, tp=t, global_batch_size=b)
+            for d, t, b in itertools.product(
+                parse_int_list(dp, "--dp"), parse_int_list(tp, "--tp"),
+                parse_int_list(global_batch, "--global-batch"),
+            )
+        ]  # fmt: skip
+        devices = jax.devices()
+        for cfg in configs:
+            check_config(shape, cfg, len(devices))
+        hw = hardware_for_devices(devices, hardware)
+        rows = []
+        with Progress(console=err_console, transient=True, disable=json_) as progress:
+            task = progress.add_task("measuring", total=len(configs))
+            for cfg in configs:
+                progress.update(task, description=f"dp={cfg.dp} tp={cfg.tp} "
+                                f"batch={cfg.global_batch_size}")  # fmt: skip
+                got = measure_one(shape, cfg, steps=steps, warmup=warmup, dtype=dtype, seed=seed,
+                                  devices=devices)  # fmt: skip
+                rows.append({**shape_columns(name, shape), "hardware": hw, **got})
+                progress.advance(task)
+        df = pd.DataFrame(rows)
+        if out is not None:
+            write_table(df, out)
+        if json_:
+            print_json({"rows": df.to_dict(orient="records"), "out": str(out) if out else None})
+            return
+        console.print(rich_table(df[list(SHOWN)], title=f"{len(df)} measured configurations"))
+        if out is not None:
+            console.print(f"wrote {len(df)} rows to {out}")
