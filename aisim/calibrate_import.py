@@ -70,7 +70,9 @@ def import_colossal_command(
             print_json({"rows": df.to_dict(orient="records"), "skipped": skipped,
                         "out": str(out) if out else None})  # fmt: skip
             return
-        shown = df[[c for c in SHOWN if c in df.columns]]
+        shown = df[[c for c in SHOWN if c in df.columns]].copy()
+        shown["source_file"] = [Path(f).name for f in shown["source_file"]]
+        shown = shown.rename(columns={"source_file": "log", "source_row": "run"})
         console.print(rich_table(shown, title=f"{len(df)} Colossal-AI runs"))
         for message in skipped:
             console.print(f"[yellow]skipped:[/yellow] {message}", highlight=False)
