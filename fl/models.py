@@ -123,11 +123,13 @@ def make_model(
     else:
         raise AisimError(f"--model {name!r}: unknown model" + suggest(name, MODELS))
     x0 = jnp.zeros((1, *input_shape), jnp.float32)
-    params = module.init(jax.random.key(0), x0)
-    n_params = sum(int(p.size) for p in jax.tree.leaves(params))
+    init_jit = jax.jit(module.init)
 
     def init(key):
-        return module.init(key, x0)
+        return init_jit(key, x0)
+
+    params = jax.eval_shape(init, jax.random.key(0))
+    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
 
     return Model(
         name=name,

@@ -103,6 +103,11 @@ class RoundSpec:
     def num_chunks(self) -> int:
         return -(-self.cohort // self.chunk)
 
+    @property
+    def payload_bytes(self) -> float:
+        """Bytes each way per client: the model, plus SCAFFOLD's control variate."""
+        return (2.0 if self.algorithm.scaffold else 1.0) * self.param_bytes
+
 
 def init_server_state(spec: RoundSpec, params, num_clients: int, seed: int) -> ServerState:
     """The state before round 0."""
@@ -127,63 +132,99 @@ def _shard(spec: RoundSpec, tree):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CohortPlan:
+    """Who trains this round and how much (all ``[cohort]``), and the round's time."""
+
+    ids: Int[Array, " cohort"]
+    n: Int[Array, " cohort"]
+    steps: Int[Array, " cohort"]
+    weight: Float[Array, " cohort"]
+    kept: Array
+    available: Array
+    round_time_s: Float[Array, ""]
+    train_key: Array
+    noise_key: Array
+
+
+def plan_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper: Hyper) -> CohortPlan:
+    """Steps 1 and 2 of a round (see module): sample, draw the systems, time every client."""
+    local, alg = spec.local, spec.algorithm
+    m = spec.cohort
+    bsz, epochs = local.batch_size, local.max_epochs
+    num_clients = inputs.sizes.shape[0]
+    key = jax.random.fold_in(state.key, state.round)
+    k_s, k_a, k_st, k_e, k_t, k_n = jax.random.split(key, 6)
+
+    # Sampling without replacement: Gumbel-top-k (Kool, van Hoof & Welling 2019).
+    if spec.sampling == "uniform":
+        logits = jnp.zeros(num_clients)
+    else:
+        logits = jnp.log(inputs.sizes.astype(jnp.float32))
+    _, ids = jax.lax.top_k(jax.random.gumbel(k_s, (num_clients,)) + logits, m)
+    n = inputs.sizes[ids]
+    sys_k = jax.tree.map(lambda a: a[ids], inputs.systems)
+
+    avail = jax.random.uniform(k_a, (m,)) < sys_k.availability
+    straggler = jax.random.uniform(k_st, (m,)) < hyper.straggler_fraction
+    rand_epochs = jax.random.randint(k_e, (m,), 1, epochs + 1)
+    per_epoch = (n + bsz - 1) // bsz
+    full_steps = jnp.minimum(per_epoch * epochs, hyper.max_local_steps)
+    step_flops = bsz * spec.flops_per_sample
+    payload = spec.payload_bytes
+
+    def times(steps):
+        return jax.vmap(client_time_s, in_axes=(0, None, None, 0, 0, 0, 0, 0))(
+            steps * step_flops, payload, payload, sys_k.flops_per_s,
+            sys_k.downlink_bytes_per_s, sys_k.uplink_bytes_per_s, sys_k.latency_s,
+            sys_k.serialize_bytes_per_s,
+        )
+
+    if alg.straggler_policy == "partial":
+        wanted = jnp.where(
+            straggler, jnp.minimum(per_epoch * rand_epochs, hyper.max_local_steps), full_steps
+        )
+        t0 = times(jnp.zeros_like(wanted))
+        fit = jnp.floor((hyper.deadline_s - t0.comm_s) * sys_k.flops_per_s / step_flops)
+        fit = jnp.clip(fit, 0, jnp.iinfo(jnp.int32).max // 2).astype(jnp.int32)
+        steps = jnp.minimum(wanted, fit)
+        cut = avail & (steps < wanted)
+        kept = avail & (steps >= 1)
+    else:
+        late = times(full_steps).total_s > hyper.deadline_s
+        kept = avail & ~straggler & ~late
+        cut = avail & ~straggler & late
+        steps = full_steps
+    steps = jnp.where(kept, steps, 0)
+    t = times(steps).total_s
+    # The server waits for the slowest kept client, or until the deadline if it cut anyone.
+    round_time = jnp.maximum(
+        jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
+    )
+    if alg.dp or spec.sampling != "uniform":
+        weight = kept.astype(jnp.float32)
+    else:
+        weight = jnp.where(kept, n.astype(jnp.float32), 0.0)
+    return CohortPlan(
+        ids=ids, n=n, steps=steps, weight=weight, kept=kept, available=avail,
+        round_time_s=round_time, train_key=k_t, noise_key=k_n,
+    )
+
+
 def make_round(spec: RoundSpec):
     """Builds ``run_round(state, inputs, hyper) -> (state, RoundMetrics)`` (see module)."""
     local, alg = spec.local, spec.algorithm
     m, c = spec.cohort, spec.chunk
     slots = spec.num_chunks * c
-    bsz, epochs = local.batch_size, local.max_epochs
+    epochs = local.max_epochs
 
     def run_round(state: ServerState, inputs: RoundInputs, hyper: Hyper):
         num_clients = inputs.sizes.shape[0]
-        key = jax.random.fold_in(state.key, state.round)
-        k_s, k_a, k_st, k_e, k_t, k_n = jax.random.split(key, 6)
-
-        # 1. Sampling without replacement: Gumbel-top-k (Kool et al. 2019).
-        logits = jnp.zeros(num_clients) if spec.sampling == "uniform" else jnp.log(inputs.sizes.astype(jnp.float32))
-        _, ids = jax.lax.top_k(jax.random.gumbel(k_s, (num_clients,)) + logits, m)
-        n = inputs.sizes[ids]
-        sys_k = jax.tree.map(lambda a: a[ids], inputs.systems)
-
-        # 2. Systems: availability, stragglers, deadline, time.
-        avail = jax.random.uniform(k_a, (m,)) < sys_k.availability
-        straggler = jax.random.uniform(k_st, (m,)) < hyper.straggler_fraction
-        rand_epochs = jax.random.randint(k_e, (m,), 1, epochs + 1)
-        per_epoch = (n + bsz - 1) // bsz
-        full_steps = jnp.minimum(per_epoch * epochs, hyper.max_local_steps)
-        step_flops = bsz * spec.flops_per_sample
-        mult = 2.0 if alg.scaffold else 1.0
-        payload = mult * spec.param_bytes
-
-        def times(steps):
-            return jax.vmap(client_time_s, in_axes=(0, None, None, 0, 0, 0, 0, 0))(
-                steps * step_flops, payload, payload, sys_k.flops_per_s,
-                sys_k.downlink_bytes_per_s, sys_k.uplink_bytes_per_s, sys_k.latency_s,
-                sys_k.serialize_bytes_per_s,
-            )
-
-        if alg.straggler_policy == "partial":
-            wanted = jnp.where(straggler, jnp.minimum(per_epoch * rand_epochs, hyper.max_local_steps), full_steps)
-            t0 = times(jnp.zeros_like(wanted))
-            fit = jnp.floor((hyper.deadline_s - t0.comm_s) * sys_k.flops_per_s / step_flops)
-            fit = jnp.clip(fit, 0, jnp.iinfo(jnp.int32).max // 2).astype(jnp.int32)
-            steps = jnp.minimum(wanted, fit)
-            cut = avail & (steps < wanted)
-            kept = avail & (steps >= 1)
-        else:
-            t_full = times(full_steps)
-            late = t_full.total_s > hyper.deadline_s
-            kept = avail & ~straggler & ~late
-            cut = avail & ~straggler & late
-            steps = full_steps
-        steps = jnp.where(kept, steps, 0)
-        t = times(steps).total_s
-        round_time = jnp.maximum(
-            jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
-        )
-        weight = jnp.where(kept, n.astype(jnp.float32) if spec.sampling == "uniform" else 1.0, 0.0)
-        if alg.dp:
-            weight = kept.astype(jnp.float32)
+        plan = plan_cohort(spec, state, inputs, hyper)
+        ids, n, steps, weight, kept = plan.ids, plan.n, plan.steps, plan.weight, plan.kept
+        k_t, k_n = plan.train_key, plan.noise_key
+        payload = spec.payload_bytes
 
         # 3. Bucketing: longest clients first; padding slots get id = num_clients (dropped).
         by_steps = jnp.argsort(-steps)
@@ -275,9 +316,9 @@ def make_round(spec: RoundSpec):
         metrics = RoundMetrics(
             clients_sampled=jnp.asarray(m, jnp.int32),
             clients_kept=jnp.sum(kept).astype(jnp.int32),
-            round_time_s=round_time,
+            round_time_s=plan.round_time_s,
             bytes_up=payload * jnp.sum(kept),
-            bytes_down=payload * jnp.sum(avail),
+            bytes_down=payload * jnp.sum(plan.available),
             local_loss=sum_loss / jnp.maximum(sum_w, 1e-12),
             finite=agg.all_finite(new_params),
         )

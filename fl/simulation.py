@@ -97,6 +97,19 @@ def chunk_size(budget_bytes: float, per_client_bytes: float, cohort: int, n_devi
     return size
 
 
+_CACHE: dict = {}
+
+
+def _cached(key, make):
+    """Memoises the model and the jitted functions of a run by their static description, so that
+    repeated runs in one process (sweeps, tests, resume) compile each shape once."""
+    if key not in _CACHE:
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
 def build(cfg: ExperimentConfig) -> Built:
     """Loads the data, draws the systems, and jits the round for ``cfg``."""
     validate(cfg)
@@ -110,26 +123,43 @@ def build(cfg: ExperimentConfig) -> Built:
             f"aisim fl run: field 'clients-per-round' = {cfg.clients_per_round}: expected at most "
             f"the {pop.num_clients} clients of the population"
         )
-    model = make_model(cfg.model or DEFAULT_MODEL[cfg.dataset], ds.input_shape, ds.num_classes)
-    alg = make_algorithm(cfg.algorithm, cfg.server_lr, cfg.server_momentum)
-    local = lu.LocalSpec(
-        apply=model.apply,
-        client_opt=optax.sgd(cfg.lr),
-        batch_size=cfg.batch_size,
-        max_samples=int(pop.sizes.max()),
-        max_epochs=cfg.local_epochs,
+    model_name = cfg.model or DEFAULT_MODEL[cfg.dataset]
+    model = _cached(
+        ("model", model_name, ds.input_shape, ds.num_classes),
+        lambda: make_model(model_name, ds.input_shape, ds.num_classes),
     )
     devices = jax.devices()
     mesh = None
     if cfg.shard and len(devices) > 1:
         mesh = jax.sharding.Mesh(np.array(devices), ("clients",))
-    per_client = client_bytes(model, local, alg.scaffold)
-    chunk = chunk_size(parse_bytes(cfg.memory_budget), per_client, cfg.clients_per_round, len(devices) if mesh else 1)
-    spec = rnd.RoundSpec(
-        local=local, algorithm=alg, cohort=cfg.clients_per_round, chunk=chunk,
-        sampling=cfg.sampling, flops_per_sample=model.train_flops_per_sample,
-        param_bytes=model.param_bytes, mesh=mesh,
+    static = (
+        model_name, ds.input_shape, ds.num_classes, cfg.algorithm, cfg.server_lr,
+        cfg.server_momentum, cfg.lr, cfg.batch_size, cfg.local_epochs, int(pop.sizes.max()),
+        cfg.clients_per_round, cfg.sampling, mesh is not None, cfg.memory_budget,
     )
+
+    def make_spec():
+        alg = make_algorithm(cfg.algorithm, cfg.server_lr, cfg.server_momentum)
+        local = lu.LocalSpec(
+            apply=model.apply,
+            client_opt=optax.sgd(cfg.lr),
+            batch_size=cfg.batch_size,
+            max_samples=int(pop.sizes.max()),
+            max_epochs=cfg.local_epochs,
+        )
+        per_client = client_bytes(model, local, alg.scaffold)
+        chunk = chunk_size(
+            parse_bytes(cfg.memory_budget), per_client, cfg.clients_per_round,
+            len(devices) if mesh else 1,
+        )
+        spec = rnd.RoundSpec(
+            local=local, algorithm=alg, cohort=cfg.clients_per_round, chunk=chunk,
+            sampling=cfg.sampling, flops_per_sample=model.train_flops_per_sample,
+            param_bytes=model.param_bytes, mesh=mesh,
+        )
+        return spec, jax.jit(rnd.make_round(spec))
+
+    spec, run_round = _cached(("round", *static), make_spec)
     systems = draw_systems(parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1))
     inputs = rnd.RoundInputs(
         data=lu.LocalData(
@@ -147,12 +177,13 @@ def build(cfg: ExperimentConfig) -> Built:
     )
     params = model.init(jax.random.key(cfg.seed))
     state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed)
-    evaluate = jax.jit(rnd.make_evaluate(model.apply))
+    evaluate = _cached(("eval", model_name, ds.input_shape, ds.num_classes),
+                       lambda: jax.jit(rnd.make_evaluate(model.apply)))
     eval_sets = (
         (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
         (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
     )
-    return Built(cfg, ds, model, spec, jax.jit(rnd.make_round(spec)), evaluate, inputs, hyper, state, eval_sets)
+    return Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper, state, eval_sets)
 
 
 def _save_checkpoint(out_dir: Path, state: rnd.ServerState, rows: list[dict], wall_s: float, updates: int):
@@ -197,13 +228,17 @@ def time_to_accuracy(metrics: pd.DataFrame, threshold: float) -> dict | None:
 def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, diverged_round) -> dict:
     """The run's summary (the keys ``--json`` prints)."""
     cfg = b.cfg
+
+    def last(col):
+        vals = metrics[col].dropna()
+        return float(vals.iloc[-1]) if len(vals) else None
+
     acc = metrics["test_accuracy"].dropna()
-    loss = metrics["train_loss"].dropna()
     summary = {
-        "final_test_accuracy": float(acc.iloc[-1]) if len(acc) else None,
+        "final_test_accuracy": last("test_accuracy"),
         "best_test_accuracy": float(acc.max()) if len(acc) else None,
-        "final_train_loss": float(loss.iloc[-1]) if len(loss) else None,
-        "final_test_loss": float(metrics["test_loss"].dropna().iloc[-1]) if len(acc) else None,
+        "final_train_loss": float(metrics["train_loss"].iloc[-1]) if len(metrics) else None,
+        "final_test_loss": last("test_loss"),
         "rounds": int(len(metrics)),
         "sim_time_s": float(metrics["sim_time_s"].iloc[-1]) if len(metrics) else 0.0,
         "wall_time_s": wall_s,

@@ -1,0 +1,90 @@
+"""`aisim fl run` through Typer's CliRunner: files, --json, --config, --resume, bad input."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from aisim.app import app
+
+runner = CliRunner()
+SMALL = ["fl", "run", "--dataset", "digits", "--clients", "20", "--clients-per-round", "5",
+         "--rounds", "4", "--local-epochs", "1", "--lr", "0.05", "--devices", "server"]
+COLUMNS = ["round", "sim_time_s", "train_loss", "test_accuracy", "test_loss",
+           "clients_sampled", "clients_kept", "bytes_up", "bytes_down"]
+
+
+def test_run_writes_metrics_summary_plot_and_json(tmp_path):
+    out = tmp_path / "run"
+    res = runner.invoke(app, [*SMALL, "--out", str(out), "--json", "--plot"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    for key in ("final_test_accuracy", "best_test_accuracy", "final_train_loss", "rounds",
+                "sim_time_s", "wall_time_s", "client_updates_per_s"):
+        assert key in summary
+    assert summary["rounds"] == 4 and summary["sim_time_s"] > 0
+    m = pd.read_csv(out / "metrics.csv")
+    assert list(m.columns) == COLUMNS and len(m) == 4
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 4
+    assert (out / "accuracy.png").stat().st_size > 1000
+
+
+def test_config_toml_and_command_line_override(tmp_path):
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text('dataset = "digits"\nclients = 20\nclients-per-round = 4\nrounds = 2\n'
+                   'lr = 0.05\ndevices = "server"\nalgorithm = "fedavgm"\nserver_lr = 0.5\n')
+    res = runner.invoke(app, ["fl", "run", "--config", str(cfg), "--rounds", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["rounds"] == 3 and s["algorithm"] == "fedavgm" and s["clients"] == 20
+
+
+def test_resume_continues_to_the_same_metrics(tmp_path):
+    args = [*SMALL, "--rounds", "5", "--checkpoint-every", "2", "--stragglers", "0.4"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "a")]).exit_code == 0
+    full = pd.read_csv(tmp_path / "a" / "metrics.csv")
+    from fl.simulation import load_config_json, simulate
+
+    cfg = load_config_json(tmp_path / "a")
+    simulate(cfg, tmp_path / "b", stop_after=3)  # interrupted after round 3, checkpoint at 2
+    res = runner.invoke(app, ["fl", "run", "--resume", str(tmp_path / "b"), "--json"])
+    assert res.exit_code == 0, res.output
+    resumed = pd.read_csv(tmp_path / "b" / "metrics.csv")
+    pd.testing.assert_frame_equal(full, resumed)
+
+
+def test_divergence_exit_1_keeps_metrics(tmp_path):
+    res = runner.invoke(app, ["fl", "run", "--rounds", "20", "--lr", "1e36", "--devices",
+                              "server", "--out", str(tmp_path)])
+    assert res.exit_code == 1
+    assert "diverged" in res.stderr and "Traceback" not in res.output
+    assert len(pd.read_csv(tmp_path / "metrics.csv")) >= 1
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--dataset", "cifar"], "unknown"),
+        (["--clients", "10", "--clients-per-round", "11"], "clients-per-round"),
+        (["--lr", "-0.1"], "lr"),
+        (["--algorithm", "fedsgdd"], "algorithm"),
+        (["--devices", "toaster"], "toaster"),
+        (["--stragglers", "1.5"], "stragglers"),
+        (["--memory-budget", "lots"], "memory-budget"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    res = runner.invoke(app, ["fl", "run", *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output
+
+
+def test_bad_config_key_is_one_line_exit_2(tmp_path):
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text("clients = 20\nlocal_epoch = 3\n")
+    res = runner.invoke(app, ["fl", "run", "--config", str(cfg)])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "local_epoch" in lines[0] and "local-epochs" in lines[0]

@@ -1,0 +1,196 @@
+"""The vmapped round against one-client references: loop, centralised SGD, chunking, seeds."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fl import local_update as lu
+from fl import round as rnd
+from fl.models import cross_entropy, make_model
+from fl.partition import from_lists
+from fl.server import make_algorithm
+from fl.simulation import simulate
+from fl.systems import client_time_s, draw_systems
+
+
+def _loop_round(b, state):
+    """A Python loop over the cohort's clients, each with the one-client ``local_update``."""
+    plan = jax.jit(lambda s: rnd.plan_cohort(b.spec, s, b.inputs, b.hyper))(state)
+    g = state.params
+    total, wsum = jax.tree.map(jnp.zeros_like, g), 0.0
+    mu = b.hyper.mu if b.spec.algorithm.proximal else jnp.zeros(())
+    upd = jax.jit(lu.local_update, static_argnums=(0, 5))
+    for i in range(b.spec.cohort):
+        cid = int(plan.ids[i])
+        task = lu.ClientTask(
+            start=b.inputs.starts[cid], n=plan.n[i], steps=plan.steps[i],
+            key=jax.random.fold_in(plan.train_key, cid),
+            correction=jax.tree.map(jnp.zeros_like, g),
+        )
+        out = upd(b.spec.local, task, g, mu, b.inputs.data, int(plan.steps.max()))
+        w = float(plan.weight[i])
+        total = jax.tree.map(lambda t, p, p0, w=w: t + w * (p - p0), total, out.params, g)
+        wsum += w
+    mean = jax.tree.map(lambda t: t / wsum, total)
+    return jax.tree.map(jnp.add, g, mean), plan
+
+
+@pytest.mark.parametrize("chunk", [8, 3])
+def test_vmapped_round_equals_python_loop(chunk, build_factory, rechunk):
+    b = rechunk(build_factory(stragglers=0.5, algorithm="fedprox", mu=0.1), chunk)
+    state = b.init_state
+    expected, plan = _loop_round(b, state)
+    assert int(plan.kept.sum()) == 8 and len(set(np.asarray(plan.steps))) > 1
+    new, met = b.run_round(state, b.inputs, b.hyper)
+    for a, e in zip(jax.tree.leaves(new.params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+    assert int(met.clients_kept) == 8
+
+
+def test_one_client_fedavg_one_epoch_is_centralised_sgd():
+    rng = np.random.default_rng(0)
+    n, bsz, lr = 120, 12, 0.1
+    x = rng.normal(size=(n, 20)).astype(np.float32)
+    y = rng.integers(0, 5, n).astype(np.int32)
+    model = make_model("mlp", (20,), 5, hidden=(16,))
+    pop = from_lists([np.arange(n)])
+    local = lu.LocalSpec(model.apply, optax.sgd(lr), bsz, n, 1)
+    spec = rnd.RoundSpec(local, make_algorithm("fedavg"), cohort=1, chunk=1,
+                         flops_per_sample=model.train_flops_per_sample, param_bytes=model.param_bytes)
+    systems = draw_systems({"server": 1.0}, 1, rng)
+    inputs = rnd.RoundInputs(lu.LocalData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(pop.order)),
+                             jnp.asarray(pop.starts), jnp.asarray(pop.sizes), systems)
+    hyper = rnd.Hyper(*(jnp.float32(v) for v in (0, lr, 0, np.inf, 1, 1)), jnp.int32(2**30))
+    params = model.init(jax.random.key(1))
+    state = rnd.init_server_state(spec, params, 1, seed=5)
+    new, _ = jax.jit(rnd.make_round(spec))(state, inputs, hyper)
+
+    plan = rnd.plan_cohort(spec, state, inputs, hyper)
+    order = lu.epoch_permutations(jax.random.fold_in(plan.train_key, 0), n, n, 1)[0]
+    w = params
+    for s in range(n // bsz):
+        idx = np.asarray(order[s * bsz : (s + 1) * bsz])
+        g = jax.grad(lambda p, i=idx: cross_entropy(model.apply(p, x[i]), y[i], jnp.ones(bsz)))(w)
+        w = jax.tree.map(lambda p, gi: p - lr * gi, w, g)
+    assert int(plan.steps[0]) == n // bsz
+    for a, e in zip(jax.tree.leaves(new.params), jax.tree.leaves(w), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_chunking_does_not_change_the_result(build_factory, rechunk):
+    b = build_factory(stragglers=0.3)
+    small = rechunk(b, 2)
+    s1, _ = b.run_round(b.init_state, b.inputs, b.hyper)
+    s2, _ = small.run_round(small.init_state, small.inputs, small.hyper)
+    for a, e in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+
+
+def test_memory_budget_sets_chunk(build_factory):
+    big = build_factory(clients_per_round=20, memory_budget="4GB")
+    tiny = build_factory(clients_per_round=20, memory_budget="8MB")
+    assert big.spec.chunk == 20 and 1 <= tiny.spec.chunk < 20
+
+
+def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
+    a = simulate(cfg_factory(rounds=3, seed=1)).metrics
+    b = simulate(cfg_factory(rounds=3, seed=1)).metrics
+    c = simulate(cfg_factory(rounds=3, seed=2)).metrics
+    assert a.equals(b)
+    assert not a["train_loss"].equals(c["train_loss"])
+
+
+def test_fedavg_drops_stragglers_fedprox_keeps_them(cfg_factory):
+    avg = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedavg")).metrics
+    prox = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedprox", mu=1.0)).metrics
+    assert (prox["clients_kept"] == prox["clients_sampled"]).all()
+    assert avg["clients_kept"].sum() < 0.4 * avg["clients_sampled"].sum()
+    assert (avg["bytes_up"] < avg["bytes_down"]).any()
+
+
+def test_deadline_cuts_clients_and_bounds_round_time(build_factory):
+    def plan(alg, deadline_s):
+        b = build_factory(algorithm=alg, local_epochs=5)
+        slow = dataclasses.replace(b.inputs.systems, flops_per_s=b.inputs.systems.flops_per_s * 1e-5)
+        inputs = dataclasses.replace(b.inputs, systems=slow)
+        hyper = dataclasses.replace(b.hyper, deadline_s=jnp.float32(deadline_s))
+        return rnd.plan_cohort(b.spec, b.init_state, inputs, hyper)
+
+    free = plan("fedavg", np.inf)
+    deadline = float(free.round_time_s) * 0.8
+    avg, prox = plan("fedavg", deadline), plan("fedprox", deadline)
+    assert np.array_equal(free.ids, avg.ids) and int(free.kept.sum()) == 8
+    assert float(avg.round_time_s) <= deadline * 1.0001
+    assert float(prox.round_time_s) <= deadline * 1.0001
+    assert 0 < int(avg.kept.sum()) < 8 and int(prox.kept.sum()) == 8
+    # FedAvg keeps whole work or nothing; FedProx keeps the steps that fit.
+    assert np.all(np.asarray(avg.steps)[np.asarray(avg.kept)] == np.asarray(free.steps)[np.asarray(avg.kept)])
+    assert int(prox.steps.sum()) < int(free.steps.sum())
+
+
+def test_client_time_formula_by_hand():
+    t = client_time_s(1e9, 4e6, 4e6, 1e10, 5e6, 1.25e6, 0.05, 5e8)
+    assert np.isclose(t.compute_s, 0.1)
+    assert np.isclose(t.download_s, 0.05 + 0.8) and np.isclose(t.upload_s, 0.05 + 3.2)
+    assert np.isclose(t.serialize_s, 8e6 / 5e8)
+    assert np.isclose(t.total_s, 0.1 + 0.85 + 3.25 + 0.016)
+
+
+def test_scaffold_controls_average_over_the_population(build_factory):
+    b = build_factory(algorithm="scaffold", clients=8, clients_per_round=8)
+    new, _ = b.run_round(b.init_state, b.inputs, b.hyper)
+    for c, ci in zip(jax.tree.leaves(new.control), jax.tree.leaves(new.client_controls), strict=True):
+        assert ci.shape[0] == 8
+        np.testing.assert_allclose(c, ci.mean(axis=0), rtol=1e-4, atol=1e-6)
+        assert float(jnp.abs(ci).max()) > 0
+
+
+def test_dp_clips_and_reports_epsilon(build_factory, cfg_factory):
+    b = build_factory(algorithm="dpfedavg", clip_norm=1e-3, noise_multiplier=0.0)
+    new, _ = b.run_round(b.init_state, b.inputs, b.hyper)
+    diff = jax.tree.map(lambda a, c: a - c, new.params, b.init_state.params)
+    norm = float(jnp.sqrt(sum(jnp.sum(d**2) for d in jax.tree.leaves(diff))))
+    assert 0 < norm <= 1e-3 * 1.0001
+    s = simulate(cfg_factory(algorithm="dpfedavg", rounds=2, noise_multiplier=1.0)).summary
+    assert s["privacy"]["epsilon"] > 0 and s["privacy"]["noise_multiplier"] == 1.0
+
+
+@pytest.mark.parametrize("alg", ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold"])
+def test_every_algorithm_learns(alg, cfg_factory):
+    kw = dict(server_lr=0.03) if alg in ("fedadam", "fedyogi", "fedadagrad") else {}
+    if alg == "fedavgm":
+        kw = dict(server_lr=0.5)
+    m = simulate(cfg_factory(rounds=6, algorithm=alg, partition="iid", **kw)).metrics
+    assert m["test_accuracy"].iloc[-1] > 0.5
+    assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
+
+
+def test_size_proportional_sampling_runs(cfg_factory):
+    m = simulate(cfg_factory(rounds=2, sampling="size", partition="quantity")).metrics
+    assert (m["clients_sampled"] == 8).all()
+
+
+def test_divergence_stops_and_keeps_rows(tmp_path, cfg_factory):
+    r = simulate(cfg_factory(rounds=30, lr=1e36, dataset="synthetic", clients=30), tmp_path)
+    assert r.summary["diverged"]
+    assert 1 <= len(r.metrics) < 30
+    assert (tmp_path / "metrics.csv").exists()
+
+
+def test_resume_equals_uninterrupted(tmp_path, cfg_factory):
+    cfg = cfg_factory(rounds=5, checkpoint_every=2, stragglers=0.5, algorithm="fedprox", mu=0.1)
+    full = simulate(cfg, tmp_path / "a").metrics
+    simulate(cfg, tmp_path / "b", stop_after=3)
+    resumed = simulate(cfg, tmp_path / "b", resume=True).metrics
+    assert full.equals(resumed)
+
+
+def test_works_under_rank_promotion_raise(build_factory):
+    assert jax.config.jax_numpy_rank_promotion == "raise"
+    b = build_factory(algorithm="scaffold")
+    b.run_round(b.init_state, b.inputs, b.hyper)
+    dataclasses.replace(b.cfg)
