@@ -123,7 +123,8 @@ def print_estimate(doc: dict) -> None:
              f"pp={doc['pp']} mbs={doc['micro_batch_size']} m={doc['num_microbatches']} "
              f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
              f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']} [{doc['cost_model']}]")
-    t = Table(title=title, title_justify="left")
+    console.print(title, highlight=False)
+    t = Table()
     t.add_column("term")
     t.add_column("seconds", justify="right")
     t.add_column("share", justify="right")
