@@ -13,9 +13,11 @@ behind the last microbatch's backward pass. Every term is in seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from perfmodel import collectives as coll
@@ -226,14 +228,62 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     )
 
 
-def evaluate_grid(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: Strategy) -> StepBreakdown:
-    """:func:`step_time` over a struct-of-arrays grid (leading axis ``n``): one ``jit(vmap)``."""
-    return _evaluate_grid(m, hw, c, grid)
+def evaluate_grid(
+    m: ModelSpec, hw: HardwareSpec, c: Constants, grid: Strategy, *, step_fn=None,
+    min_rows: int = 0, trim: bool = True, reduce=None, row_args: tuple = (),
+):
+    """:func:`step_time` over a struct-of-arrays grid (leading axis ``n``): one ``jit(vmap)``.
+
+    The grid axis is sharded over every JAX device (``jax.devices()``: one CPU, the GPUs of a
+    host, or all the devices of a multi-host cluster) with a 1-D ``jax.sharding`` mesh. Rows
+    are padded, by repeating the last strategy, to ``max(n, min_rows)`` rounded up to a
+    multiple of the device count, so that a sweep can reuse one compiled shape.
+
+    Args:
+      m, hw, c: model, hardware and constants (shared by every row).
+      grid: a :class:`Strategy` whose leaves have shape ``(n,)``.
+      step_fn: the one-strategy function to vectorise (default :func:`step_time`; see
+        :func:`select_step_fn`).
+      min_rows: pad to at least this many rows (a bucket size).
+      trim: drop the padding rows from the result (``False`` keeps them: the caller masks
+        rows ``>= n``, and the arrays stay sharded on the devices).
+      reduce: optional ``reduce(breakdown, n, *row_args) -> pytree``, a hashable function run
+        inside the same ``jit`` on the padded, sharded breakdown (a top-k or a Pareto front),
+        so that XLA keeps only what it needs and little leaves the devices.
+      row_args: arrays of shape ``(n,)`` for ``reduce``, padded and sharded like the grid.
+
+    Returns:
+      A :class:`StepBreakdown` with leaves of shape ``(n,)`` (or the padded length), or what
+      ``reduce`` returns.
+    """
+    fn = step_time if step_fn is None else step_fn
+    n = int(grid.dp.shape[0])
+    devices = jax.devices()
+    rows = -(-max(n, int(min_rows), 1) // len(devices)) * len(devices)
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.asarray(devices), ("n",)),
+                                          jax.sharding.PartitionSpec("n"))
+
+    def place(leaf):
+        host = np.asarray(leaf)
+        if rows > n:
+            host = np.concatenate([host, np.repeat(host[-1:], rows - n, axis=0)])
+        # every process holds the whole (deterministic) grid and hands each device its slice
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    placed = jax.tree.map(place, grid)
+    if reduce is not None:
+        return _evaluate_grid(fn, reduce, m, hw, c, placed, jnp.asarray(n, jnp.int32),
+                              tuple(place(a) for a in row_args))
+    out = _evaluate_grid(fn, None, m, hw, c, placed, None, ())
+    if trim and rows != n:
+        out = jax.tree.map(lambda x: x[:n], out)
+    return out
 
 
-@jax.jit
-def _evaluate_grid(m, hw, c, grid):
-    return jax.vmap(step_time, in_axes=(None, None, None, 0))(m, hw, c, grid)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _evaluate_grid(fn, reduce, m, hw, c, grid, n, row_args):
+    out = jax.vmap(fn, in_axes=(None, None, None, 0))(m, hw, c, grid)
+    return out if reduce is None else reduce(out, n, *row_args)
 
 
 COST_MODELS = ("aisim", "distir")

@@ -8,6 +8,7 @@ what :func:`perfmodel.step_time.evaluate_grid` vmaps over.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -186,3 +187,187 @@ def strategy_from_knobs(
                          zero_stage=zero_stage, recompute=code_of(RECOMPUTE, recompute, "recompute", where),
                          sequence_parallel=sequence_parallel, dtype=code_of(DTYPES, dtype, "dtype", where),
                          dp_overlap=dp_overlap, gpus_per_node=gpus_per_node)
+
+
+# ---------------------------------------------------------------- grid enumeration
+
+@dataclasses.dataclass(frozen=True)
+class StrategyGrid:
+    """Every enumerated strategy as numpy columns (a struct of arrays), and what was pruned.
+
+    Attributes:
+      columns: one float32 array of length ``n`` per knob in :data:`KNOBS`.
+      rejected: reason -> number of candidate combinations pruned for it (divisibility and
+        placement rules; memory is judged later, by the step model).
+    """
+
+    columns: dict[str, np.ndarray]
+    rejected: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.columns["dp"])
+
+    def strategy(self) -> Strategy:
+        """The grid as a :class:`Strategy` whose leaves are numpy arrays of shape ``(n,)``."""
+        return Strategy(**{k: self.columns[k] for k in KNOBS})
+
+    def take(self, idx) -> StrategyGrid:
+        """The rows ``idx`` (indices or a boolean mask), with the same rejections."""
+        return StrategyGrid({k: v[idx] for k, v in self.columns.items()}, self.rejected)
+
+
+def concat_grids(grids: list[StrategyGrid]) -> StrategyGrid:
+    """One grid with the rows of several (a sweep), rejections added up."""
+    rejected: dict[str, int] = {}
+    for g in grids:
+        for k, v in g.rejected.items():
+            rejected[k] = rejected.get(k, 0) + v
+    cols = {k: np.concatenate([g.columns[k] for g in grids]) if grids else np.zeros(0, np.float32)
+            for k in KNOBS}
+    return StrategyGrid(cols, rejected)
+
+
+def divisors(n: int) -> np.ndarray:
+    """Positive divisors of ``n`` in increasing order (vectorised trial division)."""
+    d = np.arange(1, math.isqrt(int(n)) + 1)
+    d = d[n % d == 0]
+    return np.unique(np.concatenate([d, n // d]))
+
+
+def _cross(rows: dict[str, np.ndarray], name: str, values) -> dict[str, np.ndarray]:
+    """Cartesian product of a table of rows with one axis (numpy repeat/tile, no loops)."""
+    vals = np.asarray(values, np.int64)
+    n = len(next(iter(rows.values())))
+    out = {k: np.repeat(v, len(vals)) for k, v in rows.items()}
+    out[name] = np.tile(vals, n)
+    return out
+
+
+def _keep(rows, mask, rejected: dict[str, int], reason: str | None):
+    bad = int((~mask).sum())
+    if bad and reason is not None:
+        rejected[reason] = rejected.get(reason, 0) + bad
+    return {k: v[mask] for k, v in rows.items()}
+
+
+def _as_list(values, default) -> tuple[list, bool]:
+    if values is None:
+        return list(default), False
+    return list(values), True
+
+
+def enumerate_strategies(
+    *, num_layers: int, num_heads: int, num_kv_heads: int, num_gpus: int | list[int],
+    global_batch: int | list[int], gpus_per_node: int, tp: list[int] | None = None,
+    pp: list[int] | None = None, micro_batch: list[int] | None = None,
+    schedule: list[str] | None = None, interleave: list[int] | None = None,
+    zero: list[int] | None = None, recompute: list[str] | None = None,
+    sequence_parallel: list[bool] | None = None, dtype: list[str] | None = None,
+    dp_overlap: list[bool] | None = None, allow_cross_node_tp: bool = False,
+    supported_dtypes: list[str] | None = None,
+) -> StrategyGrid:
+    """Every valid strategy for some GPU counts and global batches, built with numpy.
+
+    The axes are crossed one at a time (``np.repeat``/``np.tile``) and each cross is filtered
+    by a vectorised rule, so no Python code runs per configuration:
+
+    - dp·tp·pp = GPUs; tp divides the attention heads and the KV heads (pass the hidden size
+      for both for an MLP); tp stays within a node unless ``allow_cross_node_tp``;
+    - pp up to the number of layers (uneven stages: the step model uses ``ceil(L/pp)``);
+    - the global batch is a multiple of dp, and the micro-batch size divides the per-replica
+      batch (``num_microbatches = global_batch / (dp·micro_batch)``);
+    - the interleaved schedule needs pp > 1, v >= 2 chunks with pp·v dividing the layers and
+      a number of microbatches that is a multiple of pp; other schedules have v = 1, and with
+      pp = 1 only one non-interleaved schedule is kept (they are the same);
+    - ZeRO 0-3 (only the lowest listed stage when dp = 1), recompute none/selective/full,
+      sequence parallelism on/off (off only when tp = 1), the dtypes and the DP overlap.
+
+    ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on).
+
+    Returns:
+      A :class:`StrategyGrid`; ``rejected`` counts the pruned (dp, tp, pp) factorisations and
+      the pruned values that the caller asked for, by reason.
+    """
+    rejected: dict[str, int] = {}
+    gpus_l = [int(x) for x in np.atleast_1d(num_gpus)]
+    gbs_l = [int(x) for x in np.atleast_1d(global_batch)]
+    L = int(num_layers)
+    rows = _cross({"num_gpus": np.asarray(gpus_l, np.int64)}, "global_batch", gbs_l)
+
+    # ---- tp: the divisors of the GPU count, or the values asked for
+    tp_l, tp_user = _as_list(tp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
+    rows = _cross(rows, "tp", tp_l)
+    rows = _keep(rows, rows["num_gpus"] % rows["tp"] == 0, rejected,
+                 "tp does not divide the number of GPUs" if tp_user else None)
+    rows = _keep(rows, (num_heads % rows["tp"] == 0) & (num_kv_heads % rows["tp"] == 0), rejected,
+                 f"tp does not divide the {num_heads} attention heads"
+                 + (f" and {num_kv_heads} KV heads" if num_kv_heads != num_heads else ""))
+    if not allow_cross_node_tp:
+        rows = _keep(rows, (rows["tp"] <= gpus_per_node) & (gpus_per_node % rows["tp"] == 0), rejected,
+                     f"tp crosses a node of {gpus_per_node} GPUs (pass --allow-cross-node-tp)")
+
+    # ---- pp: the divisors of gpus / tp (up to the layers), or the values asked for
+    pp_l, pp_user = _as_list(pp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
+    rows = _cross(rows, "pp", pp_l)
+    rows = _keep(rows, (rows["num_gpus"] // rows["tp"]) % rows["pp"] == 0, rejected,
+                 "tp·pp does not divide the number of GPUs" if pp_user or tp_user else None)
+    rows = _keep(rows, rows["pp"] <= L, rejected, f"pp exceeds the {L} layers")
+    rows["dp"] = rows["num_gpus"] // (rows["tp"] * rows["pp"])
+    rows = _keep(rows, rows["global_batch"] % rows["dp"] == 0, rejected,
+                 "the global batch is not a multiple of dp")
+
+    # ---- micro-batch sizes dividing the per-replica batch
+    per_replica = rows["global_batch"] // np.maximum(rows["dp"], 1)
+    mb_default = np.unique(np.concatenate([divisors(int(b)) for b in np.unique(per_replica)])) if len(
+        per_replica) else np.ones(1, np.int64)
+    mb_l, mb_user = _as_list(micro_batch, mb_default)
+    rows = _cross(rows, "micro_batch_size", mb_l)
+    rows = _keep(rows, (rows["global_batch"] // rows["dp"]) % rows["micro_batch_size"] == 0, rejected,
+                 "the micro-batch size does not divide the per-replica batch" if mb_user else None)
+    rows["num_microbatches"] = rows["global_batch"] // (rows["dp"] * rows["micro_batch_size"])
+
+    # ---- schedule and interleave
+    sch_l, sch_user = _as_list(schedule, SCHEDULES)
+    sch_codes = sorted({code_of(SCHEDULES, x, "--schedule", "command line") for x in sch_l})
+    rows = _cross(rows, "schedule", sch_codes)
+    flat = [c for c in sch_codes if c != 2]
+    single_stage = rows["pp"] == 1
+    keep = ~single_stage | (rows["schedule"] == (1 if 1 in flat else (flat[0] if flat else -1)))
+    rows = _keep(rows, keep | (rows["schedule"] == 2), rejected, None)
+    rows = _keep(rows, ~((rows["pp"] == 1) & (rows["schedule"] == 2)), rejected,
+                 "the interleaved schedule needs pp > 1" if sch_user else None)
+    v_default = [v for v in divisors(L) if v >= 1]
+    v_l, v_user = _as_list(interleave, v_default)
+    rows = _cross(rows, "interleave", v_l)
+    inter = rows["schedule"] == 2
+    rows = _keep(rows, ~inter | (rows["interleave"] >= 2), rejected, None)
+    inter = rows["schedule"] == 2
+    rows = _keep(rows, inter | (rows["interleave"] == 1), rejected,
+                 "interleave > 1 needs the interleaved schedule" if v_user and sch_user else None)
+    inter = rows["schedule"] == 2
+    rows = _keep(rows, ~inter | (L % (rows["pp"] * rows["interleave"]) == 0), rejected,
+                 f"pp·interleave does not divide the {L} layers" if v_user else None)
+    inter = rows["schedule"] == 2
+    rows = _keep(rows, ~inter | (rows["num_microbatches"] % rows["pp"] == 0), rejected,
+                 "the interleaved schedule needs a number of microbatches that is a multiple of pp")
+
+    # ---- ZeRO, recomputation, sequence parallelism, dtype, overlap
+    z_l, _ = _as_list(zero, (0, 1, 2, 3))
+    rows = _cross(rows, "zero_stage", z_l)
+    rows = _keep(rows, (rows["dp"] > 1) | (rows["zero_stage"] == min(z_l)), rejected, None)
+    r_l, _ = _as_list(recompute, RECOMPUTE)
+    rows = _cross(rows, "recompute", sorted({code_of(RECOMPUTE, x, "--recompute", "command line") for x in r_l}))
+    sp_l, _ = _as_list(sequence_parallel, (False, True))
+    sp_codes = sorted({int(bool(x)) for x in sp_l})
+    rows = _cross(rows, "sequence_parallel", sp_codes)
+    rows = _keep(rows, (rows["tp"] > 1) | (rows["sequence_parallel"] == sp_codes[0]), rejected, None)
+    rows["sequence_parallel"] = np.where(rows["tp"] > 1, rows["sequence_parallel"], 0)
+    d_l, _ = _as_list(dtype, ("bf16",))
+    rows = _cross(rows, "dtype", sorted({code_of(DTYPES, x, "--dtype", "command line") for x in d_l}))
+    if supported_dtypes is not None:
+        ok = np.isin(rows["dtype"], [code_of(DTYPES, x, "dtype") for x in supported_dtypes])
+        rows = _keep(rows, ok, rejected, "the dtype is not supported by the hardware")
+    o_l, _ = _as_list(dp_overlap, (True,))
+    rows = _cross(rows, "dp_overlap", sorted({int(bool(x)) for x in o_l}))
+    rows["gpus_per_node"] = np.full(len(rows["dp"]), gpus_per_node, np.int64)
+    return StrategyGrid({k: rows[k].astype(np.float32) for k in KNOBS}, rejected)

@@ -1,0 +1,255 @@
+"""Rank, filter and take the Pareto front of an evaluated strategy grid -> pandas.
+
+Contract: :func:`search` runs the one jitted, sharded evaluation of a
+:class:`~perfmodel.strategy.StrategyGrid` (:func:`perfmodel.step_time.evaluate_grid`) and
+reduces it **on the device, inside the same jit**: a masked ``jax.lax.top_k`` of the ranking
+score, the best strategy of every sweep point (GPU count × global batch), the Pareto front of
+throughput against memory per device, and the counts of feasible and out-of-memory strategies.
+Only those few rows travel to the host, where they become :class:`pandas.DataFrame` s in the
+shape of :func:`perfmodel.report.results_frame`. Infeasible strategies are masked, never
+dropped with an error; :func:`infeasible_reasons` and :func:`no_feasible_message` say why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from jaxtyping import Array, Bool, Float, Int
+
+from perfmodel import units
+from perfmodel.constants import Constants
+from perfmodel.hardware import HardwareSpec
+from perfmodel.report import results_frame
+from perfmodel.step_time import StepBreakdown, evaluate_grid
+from perfmodel.strategy import StrategyGrid
+from perfmodel.workload import ModelSpec, total_params
+
+# ranking keys: (StepBreakdown field, larger is better)
+RANK_KEYS = {"throughput": ("tokens_per_s", True), "cost": ("cost_per_million_tokens_usd", False),
+             "mfu": ("mfu", True)}
+# model states with mixed-precision (or fp32) Adam, bytes per parameter (Rajbhandari et al. 2020)
+MODEL_STATE_BYTES_PER_PARAM = 16.0
+
+
+def bucket_rows(n: int, minimum: int = 1024) -> int:
+    """The padded length of a grid of ``n`` rows: the next power of two (one compile per bucket)."""
+    return max(minimum, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def sweep_points(grid: StrategyGrid) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's sweep point (GPU count, global batch) as an id, and the table of points."""
+    c = grid.columns
+    gpus = (c["dp"] * c["tp"] * c["pp"]).astype(np.int64)
+    gbs = (c["dp"] * c["micro_batch_size"] * c["num_microbatches"]).astype(np.int64)
+    if len(gpus) == 0:
+        return np.zeros(0, np.int32), np.zeros((0, 2), np.int64)
+    pts, inv = np.unique(np.stack([gpus, gbs], axis=1), axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int32), pts
+
+
+def pareto_mask(cost: Float[Array, " n"], gain: Float[Array, " n"], ok: Bool[Array, " n"]) -> Bool[Array, " n"]:
+    """Rows that no other row beats: none with ``cost <=`` and ``gain >`` (ties: the first).
+
+    Sort by cost (then gain, descending) and keep the rows whose gain exceeds the running
+    maximum of the rows before them. Works on jax or numpy arrays.
+    """
+    cost = jnp.where(ok, cost, jnp.inf)
+    gain = jnp.where(ok, gain, -jnp.inf)
+    order = jnp.lexsort((-gain, cost))
+    g = gain[order]
+    prev = jnp.concatenate([jnp.full((1,), -jnp.inf, g.dtype), jax.lax.cummax(g)[:-1]])
+    return jnp.zeros(cost.shape, bool).at[order].set(g > prev)
+
+
+def _score(out: StepBreakdown, rank_by: str):
+    key, larger = RANK_KEYS[rank_by]
+    v = getattr(out, key)
+    return v if larger else -v
+
+
+@functools.lru_cache(maxsize=64)
+def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
+    """The on-device reduction run inside :func:`evaluate_grid`'s jit (cached: one per shape)."""
+
+    def reduce(out: StepBreakdown, n: Int[Array, ""], point: Float[Array, " rows"],
+               zero3: Float[Array, " rows"]):
+        rows = jnp.arange(out.step_time_s.shape[0])
+        real = rows < n
+        valid = real & (out.valid > 0)
+        ok = valid & (out.feasible > 0)
+        raw = _score(out, rank_by)
+        score = jnp.where(ok & jnp.isfinite(raw), raw, -jnp.inf)
+        top_val, top_idx = jax.lax.top_k(score, k)
+        pt = point.astype(jnp.int32)
+        best = jax.ops.segment_max(score, pt, num_segments=num_points)
+        is_best = ok & (score == best[pt]) & jnp.isfinite(score)
+        best_idx = jax.ops.segment_min(jnp.where(is_best, rows, rows.shape[0]), pt, num_segments=num_points)
+        front = pareto_mask(out.memory_per_device_bytes, out.tokens_per_s, ok)
+        (front_idx,) = jnp.nonzero(front, size=front_size, fill_value=rows.shape[0])
+        mem = out.memory_per_device_bytes
+        small = jnp.stack([jnp.argmin(jnp.where(valid, mem, jnp.inf)),
+                           jnp.argmin(jnp.where(valid & (zero3 > 0), mem, jnp.inf))])
+
+        def take(idx):
+            return jax.tree.map(lambda a: a[jnp.clip(idx, 0, rows.shape[0] - 1)], out)
+
+        counts = jnp.stack([ok.sum(), (valid & ~(out.fits_memory > 0)).sum(), (real & ~valid).sum(),
+                            front.sum(), (valid & (zero3 > 0)).sum(), valid.sum()])
+        return dict(top_val=top_val, top_idx=top_idx, top=take(top_idx), best_idx=best_idx,
+                    best=take(best_idx), front_idx=front_idx, front=take(front_idx), counts=counts,
+                    small_idx=small, small=take(small))
+
+    return reduce
+
+
+def _to_host(x) -> np.ndarray:
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """One grid reduced on the device; the frames are in :func:`results_frame` shape.
+
+    Attributes:
+      model: the model spec (for messages).
+      grid: the enumerated strategies (``evaluated = len(grid)``).
+      top: the top-k feasible strategies, best first.
+      best_per_point: the best feasible strategy of each sweep point (GPU count × global
+        batch) that has one, by GPU count.
+      pareto: the Pareto front of throughput against memory per device, by memory.
+      smallest: the valid strategy with the smallest memory per device, then the smallest
+        ZeRO-3 one (0-2 rows; for the "nothing fits" message).
+      feasible, out_of_memory, invalid: counts over the grid.
+      pareto_truncated: the front had more rows than were brought back.
+    """
+
+    model: ModelSpec
+    grid: StrategyGrid
+    top: pd.DataFrame
+    best_per_point: pd.DataFrame
+    pareto: pd.DataFrame
+    smallest: pd.DataFrame
+    feasible: int
+    out_of_memory: int
+    invalid: int
+    pareto_truncated: bool
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.grid)
+
+
+def _frame(grid: StrategyGrid, host_out, idx: np.ndarray, keep: np.ndarray) -> pd.DataFrame:
+    keep = np.asarray(keep, bool)
+    sub = jax.tree.map(lambda a: np.asarray(a)[keep], host_out)
+    return results_frame(grid.take(np.asarray(idx)[keep].astype(np.int64)).strategy(), sub)
+
+
+def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, step_fn=None,
+           k: int = 10, rank_by: str = "throughput", front_size: int = 256) -> SearchResult:
+    """Evaluates a whole grid in one jit and reduces it on the device (top-k, per sweep point,
+    Pareto front, counts): only those rows are transferred to the host.
+
+    Args:
+      m, hw, c: model, hardware spec and constants.
+      grid: the strategies (:func:`perfmodel.strategy.enumerate_strategies`).
+      step_fn: the one-strategy cost model (default :func:`perfmodel.step_time.step_time`).
+      k: how many of the best strategies to keep.
+      rank_by: a key of :data:`RANK_KEYS` (tokens/s, cost per million tokens, MFU).
+      front_size: at most this many Pareto rows come back.
+    """
+    if rank_by not in RANK_KEYS:
+        raise ValueError(f"rank_by must be one of {', '.join(RANK_KEYS)}")
+    n = len(grid)
+    if n == 0:
+        empty = pd.DataFrame()
+        return SearchResult(m, grid, empty, empty, empty, empty, 0, 0, 0, False)
+    rows = bucket_rows(n)
+    point, points = sweep_points(grid)
+    reduce = _reducer(max(1, min(int(k), rows)), len(points), min(int(front_size), rows), rank_by)
+    zero3 = (grid.columns["zero_stage"] == 3).astype(np.float32)
+    res = evaluate_grid(m, hw, c, grid.strategy(), step_fn=step_fn, min_rows=rows, reduce=reduce,
+                        row_args=(point.astype(np.float32), zero3))
+    res = jax.tree.map(_to_host, res)
+    counts = res["counts"]
+    top = _frame(grid, res["top"], res["top_idx"], np.isfinite(res["top_val"]))
+    best = _frame(grid, res["best"], res["best_idx"], res["best_idx"] < n)
+    front = _frame(grid, res["front"], res["front_idx"], res["front_idx"] < n)
+    front = front.sort_values("memory_per_device_bytes", kind="stable").reset_index(drop=True)
+    smallest = _frame(grid, res["small"], res["small_idx"], np.array([counts[5] > 0, counts[4] > 0]))
+    return SearchResult(m, grid, top, best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
+                        front, smallest, int(counts[0]), int(counts[1]), int(counts[2]),
+                        bool(counts[3] > front_size))
+
+
+def feasible_frame(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *,
+                   step_fn=None) -> pd.DataFrame:
+    """Every feasible strategy of a grid with its full breakdown (for ``--out``)."""
+    if len(grid) == 0:
+        return pd.DataFrame()
+    out = evaluate_grid(m, hw, c, grid.strategy(), step_fn=step_fn, min_rows=bucket_rows(len(grid)))
+    out = jax.tree.map(_to_host, out)
+    ok = np.asarray(out.feasible) > 0
+    return _frame(grid, out, np.arange(len(grid)), ok)
+
+
+def pareto_frame(df: pd.DataFrame, cost: str, gain: str = "tokens_per_s") -> pd.DataFrame:
+    """The Pareto front of a (small, host) frame: lowest ``cost``, highest ``gain``, by cost."""
+    if df.empty:
+        return df
+    mask = np.asarray(pareto_mask(df[cost].to_numpy(np.float64), df[gain].to_numpy(np.float64),
+                                  np.ones(len(df), bool)))
+    return df[mask].sort_values(cost, kind="stable").reset_index(drop=True)
+
+
+def infeasible_reasons(results: list[SearchResult], capacities_gib: list[float]) -> dict[str, int]:
+    """Why strategies were not feasible: reason -> count (pruned by a rule, or out of memory)."""
+    reasons: dict[str, int] = {}
+
+    def add(key, v):
+        if v:
+            reasons[key] = reasons.get(key, 0) + int(v)
+
+    for r, cap in zip(results, capacities_gib, strict=True):
+        add(f"does not fit in {cap:g} GiB per device", r.out_of_memory)
+        add("invalid strategy (the cost model's divisibility rules)", r.invalid)
+        for k, v in r.grid.rejected.items():
+            add(k, v)
+    return reasons
+
+
+def no_feasible_message(r: SearchResult, model_name: str, capacity_bytes: float) -> str:
+    """Why a grid has no feasible strategy: the devices per replica that the model states
+    need without ZeRO, and the smallest footprint that the grid reaches (ZeRO-3 if it has any).
+    """
+    if r.evaluated == 0:
+        rules = sorted(r.grid.rejected.items(), key=lambda kv: -kv[1])
+        why = "; ".join(f"{k} ({v} rejected)" for k, v in rules) or "no combination of the given knobs"
+        return f"{model_name}: no valid strategy: {why}"
+    if r.smallest.empty:
+        return f"{model_name}: no valid strategy in the grid (every one breaks a divisibility rule)"
+    cap_gib = capacity_bytes / units.GIB
+    params = float(total_params(r.model))
+    states = MODEL_STATE_BYTES_PER_PARAM * params
+    need = math.ceil(states / capacity_bytes)
+    row = r.smallest.iloc[-1]
+    label = "ZeRO-3 " if len(r.smallest) > 1 else ""
+    where = (f"dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero_stage']} "
+             f"micro-batch={row['micro_batch_size']} recompute={row['recompute']}")
+    return (f"{model_name}: no strategy fits in {cap_gib:g} GiB per device: its model states "
+            f"({MODEL_STATE_BYTES_PER_PARAM:g} B/param × {params / 1e9:.3g}B params = {states / 1e9:.4g} GB) "
+            f"need at least {need} × {cap_gib:g} GiB per replica without ZeRO; the smallest "
+            f"{label}footprint in this grid is {row['memory_per_device_bytes'] / units.GIB:.1f} GiB "
+            f"per device ({where})")
