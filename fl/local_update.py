@@ -73,6 +73,8 @@ class LocalSpec:
     batch_size: int
     max_samples: int
     max_epochs: int
+    proximal: bool = False
+    corrected: bool = False
 
 
 def epoch_permutations(
@@ -131,10 +133,11 @@ def client_step(
         return cross_entropy(spec.apply(p, x), y, mask)
 
     loss, grad = jax.value_and_grad(loss_fn)(state.params)
-    grad = jax.tree.map(
-        lambda g, w, w0, c: g + mu * (w - w0) + c,
-        grad, state.params, global_params, task.correction,
-    )
+    # Static flags skip the unused terms: each is a full pass over every client's parameters.
+    if spec.proximal:
+        grad = jax.tree.map(lambda g, w, w0: g + mu * (w - w0), grad, state.params, global_params)
+    if spec.corrected:
+        grad = jax.tree.map(jnp.add, grad, task.correction)
     updates, opt_state = spec.client_opt.update(grad, state.opt_state, state.params)
     new = ClientState(
         params=optax.apply_updates(state.params, updates),

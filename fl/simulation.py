@@ -83,16 +83,20 @@ def client_bytes(model: Model, local: lu.LocalSpec, scaffold: bool) -> float:
     return 4.0 * floats
 
 
-def chunk_size(budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int) -> int:
+def chunk_size(
+    budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int, min_buckets: int = 4
+) -> int:
     """Clients per chunk: as many as fit in half the budget (the rest for the pool and XLA's
-    temporaries), rounded to a multiple of the device count, at most the cohort (padded up)."""
+    temporaries), but at most ``cohort / min_buckets`` so that the size-sorted cohort falls into
+    several buckets and small clients do not wait for the largest; rounded to a multiple of the
+    device count."""
     fit = int(0.5 * budget_bytes // max(per_client_bytes, 1.0))
     if fit < 1:
         raise AisimError(
             f"--memory-budget {budget_bytes:.3g} bytes: one client needs {per_client_bytes:.3g} "
             "bytes; raise the budget"
         )
-    size = min(fit, cohort)
+    size = min(fit, -(-cohort // min_buckets))
     size = max(n_devices, (size // n_devices) * n_devices)
     return size
 
@@ -146,6 +150,8 @@ def build(cfg: ExperimentConfig) -> Built:
             batch_size=cfg.batch_size,
             max_samples=int(pop.sizes.max()),
             max_epochs=cfg.local_epochs,
+            proximal=alg.proximal,
+            corrected=alg.scaffold,
         )
         per_client = client_bytes(model, local, alg.scaffold)
         chunk = chunk_size(

@@ -93,7 +93,7 @@ def test_chunking_does_not_change_the_result(build_factory, rechunk):
 def test_memory_budget_sets_chunk(build_factory):
     big = build_factory(clients_per_round=20, memory_budget="4GB")
     tiny = build_factory(clients_per_round=20, memory_budget="8MB")
-    assert big.spec.chunk == 20 and 1 <= tiny.spec.chunk < 20
+    assert big.spec.chunk == 5 and 1 <= tiny.spec.chunk < 5
 
 
 def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
