@@ -102,8 +102,13 @@ def _solve(free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbf
     def lbfgs_step(_, carry):
         raw, state = carry
         value, g = value_and_grad(raw, state=state)
-        upd, state = lbfgs.update(g, state, raw, value=value, grad=g, value_fn=f)
-        return optax.apply_updates(raw, upd), state
+        upd, new_state = lbfgs.update(g, state, raw, value=value, grad=g, value_fn=f)
+        new_raw = optax.apply_updates(raw, upd)
+        # at an exact optimum (as many free constants as rows) the curvature pairs vanish and
+        # L-BFGS would divide by zero: stay put instead
+        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_raw)]))
+        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(ok, x, y), a, b)  # noqa: E731
+        return keep(new_raw, raw), keep(new_state, state)
 
     raw, _ = jax.lax.fori_loop(0, lbfgs_steps, lbfgs_step, (raw, lbfgs.init(raw)))
     return raw, f(raw)
@@ -122,6 +127,32 @@ def _curvature(free, base, groups, order, log_t, weights, raw):
     return h, jac
 
 
+GOLDEN_STEPS = 80
+_GOLDEN = 0.6180339887498949
+
+
+@functools.partial(jax.jit, static_argnames=("free",))
+def _solve_1d(free, base, groups, order, log_t, weights):
+    """One free entry: golden-section search over raw values in [-12, 12] (no gradients needed)."""
+    param = Parameterization(base=base, free=free)
+    (name,) = free
+
+    def f(x):
+        return objective({name: x}, param, groups, order, log_t, weights)
+
+    centre = param.init()[name]
+
+    def step(_, ab):
+        a, b = ab
+        c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+        left = f(c) < f(d)
+        return jnp.where(left, a, c), jnp.where(left, d, b)
+
+    a, b = jax.lax.fori_loop(0, GOLDEN_STEPS, step, (centre - 12.0, centre + 12.0))
+    x = 0.5 * (a + b)
+    return {name: x}, f(x)
+
+
 def solve(param: Parameterization, batch: RowBatch, measured_s: np.ndarray,
           weights: np.ndarray | None = None) -> tuple[dict[str, jax.Array], float]:
     """The raw values minimising the objective over the rows with weight > 0, and the loss.
@@ -130,8 +161,11 @@ def solve(param: Parameterization, batch: RowBatch, measured_s: np.ndarray,
     """
     n = len(measured_s)
     w = np.ones(n, np.float32) if weights is None else np.asarray(weights, np.float32)
-    raw, value = _solve(param.free, param.base, batch.groups, jnp.asarray(batch.order),
-                        jnp.log(jnp.asarray(measured_s, jnp.float32)), jnp.asarray(w))
+    # one free entry (the single-row `efficiency` calibration): a bracketing search, robust where
+    # the step model's gradient is not finite (zero-size kernel classes of an MLP)
+    fn = _solve_1d if len(param.free) == 1 else _solve
+    raw, value = fn(param.free, param.base, batch.groups, jnp.asarray(batch.order),
+                    jnp.log(jnp.asarray(measured_s, jnp.float32)), jnp.asarray(w))
     return raw, float(value)
 
 
