@@ -56,8 +56,8 @@ def fit_command(
 ) -> None:
     """Fit the constants to measured step times; report in-sample and held-out error."""
     with guard():
-        from calibration import fit as fitmod
         from calibration import report
+        from calibration.fit import fit as run_fit
         from calibration.measurements import load_measurements
         from calibration.objective import build_batch, measured_or_fail, resolve_rows
         from calibration.parameterization import parse_free
@@ -83,7 +83,7 @@ def fit_command(
             raise AisimError(f"{measurements}: field 'hardware' = {hw.name!r}, but --hardware is {hardware!r}")
         param = parse_free(fit, hw.constants)
         batch = build_batch(rows)
-        result = fitmod.fit(param, batch, measured, seed=seed)
+        result = run_fit(param, batch, measured, seed=seed)
         sha = report.data_sha256(rows, batch.strategies, measured)
         doc = report.fit_document(df, result, hardware=hw.name, data_sha=sha, seed=seed, skipped=skipped)
         if out is not None:

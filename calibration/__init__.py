@@ -1,1 +1,17 @@
-"""placeholder."""
+"""calibration: fit aisim's constants to measured runs, and predict configurations.
+
+Public API: load and normalise measurements, parameterise the free constants, fit, predict.
+"""
+
+from calibration.fit import FitResult, fit
+from calibration.measurements import load_measurements, normalise_measurements
+from calibration.objective import build_batch, objective, predicted_step_time_s, resolve_rows
+from calibration.parameterization import Parameterization, parse_free
+from calibration.predict import predict_rows, predict_table
+from calibration.profile import PROFILE_SCHEMA, load_profile_constants, read_profile
+
+__all__ = [
+    "FitResult", "PROFILE_SCHEMA", "Parameterization", "build_batch", "fit", "load_measurements",
+    "load_profile_constants", "normalise_measurements", "objective", "parse_free", "predict_rows",
+    "predict_table", "predicted_step_time_s", "read_profile", "resolve_rows",
+]
