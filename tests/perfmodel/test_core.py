@@ -204,3 +204,10 @@ def test_infeasible_is_a_mask_not_an_error():
     assert not bool(out.fits_memory) and not bool(out.feasible)
     bad_tp = make_strategy(tp=7, pp=1, dp=1)
     assert not bool(STEP(m, A100.spec, A100.constants, bad_tp).valid)
+
+
+def test_gradients_are_finite_for_an_mlp_with_empty_op_classes():
+    m = load_model("mlp-small").spec
+    s = make_strategy(dp=4, micro_batch_size=4, num_microbatches=1, dtype="fp16")
+    grads = jax.grad(lambda c: step_time(m, A100.spec, c, s).step_time_s)(A100.constants)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
