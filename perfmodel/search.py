@@ -87,23 +87,28 @@ def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
         score = jnp.where(ok & jnp.isfinite(raw), raw, -jnp.inf)
         top_val, top_idx = jax.lax.top_k(score, k)
         pt = point.astype(jnp.int32)
-        best = jax.ops.segment_max(score, pt, num_segments=num_points)
-        is_best = ok & (score == best[pt]) & jnp.isfinite(score)
-        best_idx = jax.ops.segment_min(jnp.where(is_best, rows, rows.shape[0]), pt, num_segments=num_points)
-        front = pareto_mask(out.memory_per_device_bytes, out.tokens_per_s, ok)
-        (front_idx,) = jnp.nonzero(front, size=front_size, fill_value=rows.shape[0])
+        if num_points <= 32:  # a few sweep points: dense masked argmax, fused by XLA (no scatter)
+            per = jnp.where(pt[None, :] == jnp.arange(num_points)[:, None], score[None, :], -jnp.inf)
+            best_idx = jnp.argmax(per, axis=1)
+            best_idx = jnp.where(jnp.isfinite(jnp.max(per, axis=1)), best_idx, rows.shape[0])
+        else:
+            best = jax.ops.segment_max(score, pt, num_segments=num_points)
+            is_best = ok & (score == best[pt]) & jnp.isfinite(score)
+            best_idx = jax.ops.segment_min(jnp.where(is_best, rows, rows.shape[0]), pt, num_segments=num_points)
+        if front_size:
+            front = pareto_mask(out.memory_per_device_bytes, out.tokens_per_s, ok)
+            (front_idx,) = jnp.nonzero(front, size=front_size, fill_value=rows.shape[0])
+        else:  # no Pareto front asked for (skips the sort)
+            front, front_idx = jnp.zeros((1,), bool), jnp.full((1,), rows.shape[0])
         mem = out.memory_per_device_bytes
         small = jnp.stack([jnp.argmin(jnp.where(valid, mem, jnp.inf)),
                            jnp.argmin(jnp.where(valid & (zero3 > 0), mem, jnp.inf))])
 
-        def take(idx):
-            return jax.tree.map(lambda a: a[jnp.clip(idx, 0, rows.shape[0] - 1)], out)
-
         counts = jnp.stack([ok.sum(), (valid & ~(out.fits_memory > 0)).sum(), (real & ~valid).sum(),
                             front.sum(), (valid & (zero3 > 0)).sum(), valid.sum()])
-        return dict(top_val=top_val, top_idx=top_idx, top=take(top_idx), best_idx=best_idx,
-                    best=take(best_idx), front_idx=front_idx, front=take(front_idx), counts=counts,
-                    small_idx=small, small=take(small))
+        # indices only: gathering rows here would make XLA materialise every output of the grid
+        return dict(top_val=top_val, top_idx=top_idx, best_idx=best_idx, front_idx=front_idx, counts=counts,
+                    small_idx=small)
 
     return reduce
 
@@ -184,11 +189,23 @@ def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, 
                         row_args=(point.astype(np.float32), zero3))
     res = jax.tree.map(_to_host, res)
     counts = res["counts"]
-    top = _frame(grid, res["top"], res["top_idx"], np.isfinite(res["top_val"]))
-    best = _frame(grid, res["best"], res["best_idx"], res["best_idx"] < n)
-    front = _frame(grid, res["front"], res["front_idx"], res["front_idx"] < n)
+    # the few selected rows are evaluated again, alone: the same step function, a tiny grid
+    parts = [res["top_idx"], res["best_idx"], res["front_idx"], res["small_idx"]]
+    sizes = np.cumsum([0] + [len(p) for p in parts])
+    picked = np.clip(np.concatenate(parts), 0, n - 1).astype(np.int64)
+    sub = grid.take(picked)
+    out = jax.tree.map(_to_host, evaluate_grid(m, hw, c, sub.strategy(), step_fn=step_fn,
+                                               min_rows=bucket_rows(len(sub), 256)))
+
+    def frame(j, keep):
+        rows_j = np.arange(sizes[j], sizes[j + 1])[np.asarray(keep, bool)]
+        return results_frame(sub.take(rows_j).strategy(), jax.tree.map(lambda a: a[rows_j], out))
+
+    top = frame(0, np.isfinite(res["top_val"]))
+    best = frame(1, res["best_idx"] < n)
+    front = frame(2, res["front_idx"] < n)
     front = front.sort_values("memory_per_device_bytes", kind="stable").reset_index(drop=True)
-    smallest = _frame(grid, res["small"], res["small_idx"], np.array([counts[5] > 0, counts[4] > 0]))
+    smallest = frame(3, np.array([counts[5] > 0, counts[4] > 0]))
     return SearchResult(m, grid, top, best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
                         front, smallest, int(counts[0]), int(counts[1]), int(counts[2]),
                         bool(counts[3] > front_size))
