@@ -246,6 +246,18 @@ def strategy_label(r: dict) -> str:
             + (f" {r['dtype']}" if r["dtype"] != "bf16" else "") + ("" if r["dp_overlap"] else " no-overlap"))
 
 
+def _print_wide(table: Table) -> None:
+    """Prints a table at its natural width (wider than the console if need be, never folded)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    need = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    if need <= console.width:
+        console.print(table)
+    else:
+        Console(file=console.file, width=need, color_system=console.color_system).print(table)
+
+
 def _sec(v: float) -> str:
     return f"{v:.3f}" if v < 100 else f"{v:.4g}"
 
@@ -273,7 +285,7 @@ def print_top(doc: dict) -> None:
         cells += [_sec(r["step_time_s"]), f"{r['tokens_per_s']:.4g}", f"{100 * r['mfu']:.1f}%",
                   f"{r['memory']['total_bytes'] / units.GIB:.1f}", "-" if cost is None else f"{cost:.3g}"]
         t.add_row(*cells)
-    console.print(t)
+    _print_wide(t)
     front = doc["pareto"]
     console.print(f"Pareto front (memory per device vs tokens/s): {len(front)} strategies, from "
                   f"{front[0]['memory']['total_bytes'] / units.GIB:.1f} GiB at {front[0]['tokens_per_s']:.4g} tokens/s to "
@@ -289,7 +301,7 @@ def print_top(doc: dict) -> None:
                       str(r["tp"]), str(r["pp"]), str(r["micro_batch_size"]), r["schedule"], str(r["interleave"]),
                       str(r["zero_stage"]), r["recompute"], f"{r['tokens_per_s']:.4g}", f"{100 * r['mfu']:.1f}%",
                       "-" if cost is None else f"{cost:.3g}")
-        console.print(s)
+        _print_wide(s)
     if "cheapest_hardware" in doc:
         c = doc["cheapest_hardware"]
         console.print(f"cheapest per million tokens: {c['hardware']} at ${c['cost_per_million_tokens_usd']:.3g} "
@@ -335,7 +347,7 @@ def plot_grid(doc: dict, path: Path) -> None:
     ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("seconds per step")
     ax.set_title("step-time breakdown of the top strategies")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if panels == 3:
         ax = axes[2]
         pts = doc["sweep"]
