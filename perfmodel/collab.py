@@ -303,14 +303,15 @@ def stack(trees: list) -> object:
 
 # ------------------------------------------------------------------ builders (the boundary)
 
-# (de)serialisation throughput of 10M-100M-parameter fp32 models by format, bytes per second,
-# measured with `aisim collab measure-serde --params 10M,100M` on the project's 2-core CPU machine
-# (docs/readme/collab.md); a profile from measure-serde on your machine replaces them
+# (serialise, deserialise) throughput of 10M+100M-parameter fp32 weights by format, bytes per
+# second: total bytes over total median time of `aisim collab measure-serde --params 10M,100M` on
+# the project's 2-core CPU machine (docs/readme/collab.md); a measure-serde profile of your own
+# machine (`--profile`) replaces them
 SERDE_DEFAULT_BYTES_PER_S = {
-    "numpy": (1.0e9, 1.6e9),
-    "msgpack": (1.3e9, 2.4e9),
-    "protobuf": (1.0e9, 2.3e9),
-    "pickle": (1.6e9, 2.8e9),
+    "numpy": (6.68e8, 1.97e8),
+    "msgpack": (2.21e8, 6.41e8),
+    "protobuf": (3.80e8, 4.20e8),
+    "pickle": (1.46e9, 1.54e9),
 }
 
 
