@@ -14,6 +14,7 @@ Measures, after compilation:
 
 Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--devices N]``
 (``--devices N`` splits the host CPU into N JAX devices, so the sharded grid uses N cores).
+``AISIM_QUICK=1`` shrinks the defaults to smoke-test sizes (the README test); its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ CALCULON_S_PER_CONFIG = 8e-3  # issue 3: "Calculon takes about 8 ms per configur
 
 
 def main() -> None:
+    quick = os.environ.get("AISIM_QUICK") == "1"  # smoke-test sizes (the README test); not for numbers
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1 << 21, help="grid rows for the throughput measurement")
-    ap.add_argument("--loop", type=int, default=300, help="strategies in the one-at-a-time Python loop")
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats (the best is reported)")
+    ap.add_argument("--rows", type=int, default=1 << (16 if quick else 21),
+                    help="grid rows for the throughput measurement")
+    ap.add_argument("--loop", type=int, default=20 if quick else 300,
+                    help="strategies in the one-at-a-time Python loop")
+    ap.add_argument("--repeats", type=int, default=1 if quick else 5, help="timed repeats (the best is reported)")
     ap.add_argument("--devices", type=int, default=0, help="split the host CPU into this many JAX devices")
     args = ap.parse_args()
     if args.devices:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["00_intro", "grid", "distir", "measure", "calibration", "fl", "collab", "notebooks", "99_footer"]
+ORDER = ["00_intro", "grid", "distir", "measure", "calibration", "fl", "collab", "accuracy", "notebooks", "99_footer"]
 SKIP = {"BRIEF_COMMON"}
 
 
@@ -47,13 +47,19 @@ def convert(text: str) -> str:
             continue
         out.append(line)
         i += 1
-    return "\n".join(out) + "\n"
+    # sections link figures relative to docs/readme/; README.md sits at the root
+    return "\n".join(out).replace("](../figures/", "](docs/figures/") + "\n"
+
+
+def build_text() -> tuple[str, list[str]]:
+    """The README's text and the names of the sections it was joined from."""
+    parts = {p.stem: p for p in (ROOT / "docs" / "readme").glob("*.md") if p.stem not in SKIP}
+    names = [n for n in ORDER if n in parts] + sorted(n for n in parts if n not in ORDER)
+    return "\n".join(convert(parts[n].read_text()) for n in names), names
 
 
 def main() -> None:
-    parts = {p.stem: p for p in (ROOT / "docs" / "readme").glob("*.md") if p.stem not in SKIP}
-    names = [n for n in ORDER if n in parts] + sorted(n for n in parts if n not in ORDER)
-    text = "\n".join(convert(parts[n].read_text()) for n in names)
+    text, names = build_text()
     (ROOT / "README.md").write_text(text)
     print(f"README.md from {', '.join(names)}")
 

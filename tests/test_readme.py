@@ -74,3 +74,18 @@ def test_readme_command_runs(cmd, expected, workdir):
     if expected:
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_readme_is_built_from_its_sections():
+    """README.md is what ``python docs/build_readme.py`` makes of ``docs/readme/*.md``."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import build_readme
+
+    assert README.read_text() == build_readme.build_text()[0], "run: python docs/build_readme.py"
+
+
+def test_readme_figures_exist():
+    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
+    assert len(figures) >= 5
+    for f in figures:
+        assert (ROOT / f).is_file(), f
