@@ -1,8 +1,11 @@
 """Local training of one client, written for one client (the round vmaps it once).
 
 Contract: a client holds the pool rows ``order[start : start + n]``. Each local epoch visits them
-in a fresh random order (:func:`epoch_permutations`) in batches of ``batch_size``; the last batch
-of an epoch is partial and masked. :func:`client_step` is one optimiser step, a no-op once
+in a fresh random order in batches of ``batch_size``; the last batch of an epoch is partial and
+masked. The order is a keyed swap-or-not permutation of ``0..n-1`` (Hoang, Morris & Rogaway,
+CRYPTO 2012) evaluated only at the positions of the current batch, so a client's shuffle costs
+``O(batch_size)`` work per step and ``epochs x ROUNDS`` round keys of state, not a sort of
+``max_samples`` entries (:func:`epoch_permutations` materialises it, for references). :func:`client_step` is one optimiser step, a no-op once
 ``step >= task.steps``, so clients with fewer samples or epochs are padded by masks.
 The gradient is corrected by FedProx's proximal term ``μ (w − w_global)`` (Li et al. 2020, eq. 2)
 and SCAFFOLD's ``c − c_i`` (Karimireddy et al. 2020, alg. 1 line 10) before it enters the client's
@@ -77,17 +80,52 @@ class LocalSpec:
     corrected: bool = False
 
 
+SHUFFLE_ROUNDS = 16
+
+
+def shuffle_keys(key: Array, epochs: int) -> Int[Array, "epochs rounds 2"]:
+    """Round keys of a client's per-epoch permutations: ``[epochs, SHUFFLE_ROUNDS, 2]`` uint32
+    (the swap offset's bits and the round's hash seed)."""
+    return jax.random.bits(key, (epochs, SHUFFLE_ROUNDS, 2), jnp.uint32)
+
+
+def _hash32(x: Array) -> Array:
+    """MurmurHash3's 32-bit finaliser (a bijective avalanche mix of uint32)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def permute(
+    keys: Int[Array, "rounds 2"], n: Int[Array, ""], i: Int[Array, "..."]
+) -> Int[Array, "..."]:
+    """Position ``pi(i)`` of a keyed permutation ``pi`` of ``0..n-1`` (``0 <= i < n``).
+
+    Swap-or-not: each round pairs ``x`` with ``k_r - x mod n`` (an involution) and swaps both
+    members of a pair or neither, as a hash of the pair's larger member decides; a composition of
+    such rounds is a bijection of ``0..n-1`` for any ``n >= 1``."""
+    n_u = jnp.maximum(n, 1).astype(jnp.uint32)
+    x = i.astype(jnp.uint32) % n_u
+    for r in range(keys.shape[0]):
+        k = keys[r, 0] % n_u
+        partner = (k + n_u - x) % n_u
+        hi = jnp.maximum(x, partner)
+        flip = (_hash32(hi ^ keys[r, 1]) & jnp.uint32(1)) == 1
+        x = jnp.where(flip, partner, x)
+    return x.astype(jnp.int32)
+
+
 def epoch_permutations(
     key: Array, n: Int[Array, ""], max_samples: int, epochs: int
 ) -> Int[Array, "epochs max_samples"]:
-    """One random order of ``0..n-1`` per epoch, padded with ``n..max_samples-1`` at the end."""
-
-    def one(k):
-        u = jax.random.uniform(k, (max_samples,))
-        u = jnp.where(jnp.arange(max_samples) < n, u, 2.0)
-        return jnp.argsort(u).astype(jnp.int32)
-
-    return jax.vmap(one)(jax.random.split(key, epochs))
+    """The order of every epoch, materialised: ``[epochs, max_samples]`` positions, a permutation
+    of ``0..n-1`` followed by ``n..max_samples-1``. Local training uses the same :func:`permute`
+    batch by batch."""
+    keys = shuffle_keys(key, epochs)
+    j = jnp.arange(max_samples)
+    return jax.vmap(lambda k: jnp.where(j < n, permute(k, n, j), j))(keys)
 
 
 def init_state(spec: LocalSpec, global_params) -> ClientState:
@@ -101,15 +139,16 @@ def init_state(spec: LocalSpec, global_params) -> ClientState:
 
 
 def batch_rows(
-    spec: LocalSpec, step: Int[Array, ""], task: ClientTask, perms: Int[Array, "epochs max_samples"]
+    spec: LocalSpec, step: Int[Array, ""], task: ClientTask, keys: Int[Array, "epochs rounds 2"]
 ) -> tuple[Int[Array, " batch"], Float[Array, " batch"]]:
-    """Positions in ``order`` of the batch of ``step``, and its validity mask."""
+    """Positions in ``order`` of the batch of ``step``, and its validity mask (``keys`` from
+    :func:`shuffle_keys`)."""
     bsz = spec.batch_size
     per_epoch = jnp.maximum((task.n + bsz - 1) // bsz, 1)
     epoch = jnp.minimum(step // per_epoch, spec.max_epochs - 1)
     offs = (step % per_epoch) * bsz + jnp.arange(bsz)
     valid = offs < task.n
-    pos = jnp.take(perms[epoch], offs, mode="clip")
+    pos = permute(keys[epoch], task.n, offs)
     return task.start + pos, valid.astype(jnp.float32)
 
 
@@ -118,13 +157,13 @@ def client_step(
     state: ClientState,
     step: Int[Array, ""],
     task: ClientTask,
-    perms: Int[Array, "epochs max_samples"],
+    keys: Int[Array, "epochs rounds 2"],
     global_params,
     mu: Float[Array, ""],
     data: LocalData,
 ) -> ClientState:
     """One local optimiser step of one client; unchanged when ``step >= task.steps``."""
-    slots, mask = batch_rows(spec, step, task, perms)
+    slots, mask = batch_rows(spec, step, task, keys)
     rows = jnp.take(data.order, slots, mode="clip")
     x = jnp.take(data.x_pool, rows, axis=0, mode="clip")
     y = jnp.take(data.y_pool, rows, mode="clip")
@@ -158,10 +197,10 @@ def local_update(
     num_steps: int,
 ) -> ClientState:
     """Runs one client's round with ``lax.scan`` over ``num_steps`` (>= ``task.steps``) steps."""
-    perms = epoch_permutations(task.key, task.n, spec.max_samples, spec.max_epochs)
+    keys = shuffle_keys(task.key, spec.max_epochs)
 
     def body(state, s):
-        return client_step(spec, state, s, task, perms, global_params, mu, data), None
+        return client_step(spec, state, s, task, keys, global_params, mu, data), None
 
     state, _ = jax.lax.scan(body, init_state(spec, global_params), jnp.arange(num_steps))
     return state

@@ -8,10 +8,13 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
 2. draws availability and stragglers (a straggler runs a random number of epochs in ``[1, E]``,
    Li et al. 2020 §5.2) and times every client with :func:`fl.systems.client_time_s`; FedAvg drops
    stragglers and clients that miss the deadline, FedProx keeps their partial work;
-3. sorts the cohort by local steps (bucketing) and processes it in chunks of ``chunk`` clients
-   (``lax.scan`` over chunks bounds memory); in a chunk, ``vmap(client_step)`` runs inside a loop
-   whose trip count is that chunk's largest step count, with masks for shorter clients; the client
-   axis is sharded over ``mesh`` when one is given;
+3. sorts the cohort by local steps, longest first (bucketing), and cuts it into the chunks of
+   :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up to ``chunk``, then
+   equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
+   ``vmap(client_step)`` runs inside a loop whose trip count is that chunk's largest step count,
+   with masks for shorter clients. The growing head puts the few longest clients of a heavy-tailed
+   cohort into small chunks, so that they do not make hundreds of short clients run masked steps;
+   the client axis is sharded over ``mesh`` when one is given;
 4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
    transformation, and updates SCAFFOLD's control variates for the whole population.
 """
@@ -100,8 +103,31 @@ class RoundSpec:
     mesh: Mesh | None = None
 
     @property
-    def num_chunks(self) -> int:
-        return -(-self.cohort // self.chunk)
+    def unit(self) -> int:
+        """Chunk sizes are multiples of this (the number of devices the client axis spans)."""
+        return 1 if self.mesh is None else int(self.mesh.devices.size)
+
+    @property
+    def segments(self) -> tuple[tuple[int, int], ...]:
+        """``(chunk clients, number of chunks)`` groups covering the size-sorted cohort in order:
+        a head of single chunks of ``unit, 4 unit, 16 unit, ...`` (below ``chunk``), then the rest
+        split evenly into chunks of at most ``chunk`` clients (padded to a multiple of ``unit``)."""
+        u, groups, covered, size = self.unit, [], 0, self.unit
+        while size < self.chunk and covered + size < self.cohort:
+            groups.append((size, 1))
+            covered += size
+            size *= 4
+        rest = self.cohort - covered
+        if rest > 0:
+            count = -(-rest // self.chunk)
+            per = -(-rest // count)
+            groups.append((-(-per // u) * u, count))
+        return tuple(groups)
+
+    @property
+    def slots(self) -> int:
+        """Client slots of all chunks (the cohort plus padding)."""
+        return sum(size * count for size, count in self.segments)
 
     @property
     def payload_bytes(self) -> float:
@@ -215,8 +241,8 @@ def plan_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper:
 def make_round(spec: RoundSpec):
     """Builds ``run_round(state, inputs, hyper) -> (state, RoundMetrics)`` (see module)."""
     local, alg = spec.local, spec.algorithm
-    m, c = spec.cohort, spec.chunk
-    slots = spec.num_chunks * c
+    m = spec.cohort
+    slots = spec.slots
     epochs = local.max_epochs
 
     def run_round(state: ServerState, inputs: RoundInputs, hyper: Hyper):
@@ -231,10 +257,9 @@ def make_round(spec: RoundSpec):
         pad = slots - m
 
         def arrange(x, fill):
-            x = jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
-            return x.reshape(spec.num_chunks, c)
+            return jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
 
-        chunks = dict(
+        arranged = dict(
             ids=arrange(ids, num_clients), n=arrange(n, 1), steps=arrange(steps, 0),
             weight=arrange(weight, 0.0), kept=arrange(kept, False),
         )
@@ -242,6 +267,7 @@ def make_round(spec: RoundSpec):
 
         def chunk_body(carry, ch):
             sum_delta, sum_w, sum_loss, sum_dc, controls = carry
+            c = ch["ids"].shape[0]
             ch = _shard(spec, ch)
             if alg.scaffold:
                 c_i = jax.tree.map(lambda a: jnp.take(a, ch["ids"], axis=0, mode="clip"), controls)
@@ -256,16 +282,14 @@ def make_round(spec: RoundSpec):
                 correction=correction,
             )
             tasks = _shard(spec, tasks)
-            perms = jax.vmap(lu.epoch_permutations, in_axes=(0, 0, None, None))(
-                tasks.key, tasks.n, local.max_samples, epochs
-            )
+            keys = jax.vmap(lu.shuffle_keys, in_axes=(0, None))(tasks.key, epochs)
             st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
             st0 = _shard(spec, st0)
             mu = hyper.mu if alg.proximal else jnp.zeros(())
             step_all = jax.vmap(lu.client_step, in_axes=(None, 0, None, 0, 0, None, None, None))
 
             def loop(s, st):
-                return step_all(local, st, s, tasks, perms, g, mu, inputs.data)
+                return step_all(local, st, s, tasks, keys, g, mu, inputs.data)
 
             st = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, st0)
             delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
@@ -293,8 +317,17 @@ def make_round(spec: RoundSpec):
             return (sum_delta, sum_w, sum_loss, sum_dc, controls), None
 
         zeros = agg.tree_zeros_like(g)
-        init = (zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
-        (sum_delta, sum_w, sum_loss, sum_dc, controls), _ = jax.lax.scan(chunk_body, init, chunks)
+        carry = (zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
+        offset = 0
+        for size, count in spec.segments:
+            group = {k: v[offset : offset + size * count] for k, v in arranged.items()}
+            offset += size * count
+            if count == 1:
+                carry, _ = chunk_body(carry, group)
+            else:
+                group = {k: v.reshape(count, size) for k, v in group.items()}
+                carry, _ = jax.lax.scan(chunk_body, carry, group)
+        sum_delta, sum_w, sum_loss, sum_dc, controls = carry
 
         # 4. Aggregate and step the server.
         any_kept = sum_w > 0

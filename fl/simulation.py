@@ -71,32 +71,39 @@ def client_bytes(model: Model, local: lu.LocalSpec, scaffold: bool) -> float:
     """Working-set bytes of one client in a vmapped chunk (float32).
 
     Params, gradient, new params, delta, the broadcast global copy in flight, the optimiser state,
-    SCAFFOLD's two control copies, the epoch permutations and a batch of activations (x3 for the
-    backward pass and the fused update).
+    SCAFFOLD's two control copies, the shuffle's round keys and a batch of activations (x3 for
+    the backward pass and the fused update).
     """
     params = jax.eval_shape(model.init, jax.random.key(0))
     opt = jax.eval_shape(local.client_opt.init, params)
     opt_floats = sum(math.prod(x.shape) for x in jax.tree.leaves(opt))
     p = model.num_params
     floats = 5 * p + opt_floats + (2 * p if scaffold else 0)
-    floats += local.max_epochs * local.max_samples + 3 * local.batch_size * model.activation_floats_per_sample
+    floats += local.max_epochs * 2 * lu.SHUFFLE_ROUNDS
+    floats += 3 * local.batch_size * model.activation_floats_per_sample
     return 4.0 * floats
 
 
+CPU_CACHE_BYTES = 5e6
+
+
 def chunk_size(
-    budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int, min_buckets: int = 4
+    budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int, min_buckets: int = 4,
+    cache_clients: int | None = None,
 ) -> int:
     """Clients per chunk: as many as fit in half the budget (the rest for the pool and XLA's
     temporaries), but at most ``cohort / min_buckets`` so that the size-sorted cohort falls into
-    several buckets and small clients do not wait for the largest; rounded to a multiple of the
-    device count."""
+    several buckets and small clients do not wait for the largest, and at most ``cache_clients``
+    (on a CPU: the clients whose parameters fit in :data:`CPU_CACHE_BYTES`, since a vmapped step
+    over more streams every client's weights from DRAM and runs several times slower per client);
+    rounded to a multiple of the device count."""
     fit = int(0.5 * budget_bytes // max(per_client_bytes, 1.0))
     if fit < 1:
         raise AisimError(
             f"--memory-budget {budget_bytes:.3g} bytes: one client needs {per_client_bytes:.3g} "
             "bytes; raise the budget"
         )
-    size = min(fit, -(-cohort // min_buckets))
+    size = min(fit, -(-cohort // min_buckets), cache_clients or fit)
     size = max(n_devices, (size // n_devices) * n_devices)
     return size
 
@@ -154,9 +161,12 @@ def build(cfg: ExperimentConfig) -> Built:
             corrected=alg.scaffold,
         )
         per_client = client_bytes(model, local, alg.scaffold)
+        cache_clients = None
+        if devices[0].platform == "cpu":
+            cache_clients = max(1, int(CPU_CACHE_BYTES // model.param_bytes))
         chunk = chunk_size(
             parse_bytes(cfg.memory_budget), per_client, cfg.clients_per_round,
-            len(devices) if mesh else 1,
+            len(devices) if mesh else 1, cache_clients=cache_clients,
         )
         spec = rnd.RoundSpec(
             local=local, algorithm=alg, cohort=cfg.clients_per_round, chunk=chunk,

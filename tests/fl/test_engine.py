@@ -194,3 +194,33 @@ def test_works_under_rank_promotion_raise(build_factory):
     b = build_factory(algorithm="scaffold")
     b.run_round(b.init_state, b.inputs, b.hyper)
     dataclasses.replace(b.cfg)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 57, 1000, 12295])
+def test_shuffle_is_a_permutation_of_the_client_rows(n):
+    perms = np.asarray(lu.epoch_permutations(jax.random.key(n), n, n + 7, 3))
+    for p in perms:
+        assert np.array_equal(np.sort(p[:n]), np.arange(n))
+        assert np.array_equal(p[n:], np.arange(n, n + 7))
+    if n >= 10:
+        assert not np.array_equal(perms[0], perms[1])  # a fresh order each epoch
+
+
+def test_shuffle_positions_are_close_to_uniform():
+    # Where row 0 of a 10-row client lands, over 4000 keys: every position about 400 times.
+    n, trials = 10, 4000
+    keys = jax.random.split(jax.random.key(0), trials)
+    first = jax.vmap(lambda k: lu.permute(lu.shuffle_keys(k, 1)[0], n, jnp.zeros((), jnp.int32)))(keys)
+    counts = np.bincount(np.asarray(first), minlength=n)
+    chi2 = float(((counts - trials / n) ** 2 / (trials / n)).sum())
+    assert chi2 < 30.0, counts  # 9 degrees of freedom: p ~ 4e-4
+
+
+def test_segments_cover_the_cohort_with_growing_head():
+    local = None
+    spec = rnd.RoundSpec(local, make_algorithm("fedavg"), cohort=1000, chunk=250)
+    assert spec.segments == ((1, 1), (4, 1), (16, 1), (64, 1), (229, 4))
+    assert spec.slots == 1001
+    for m, c in [(8, 3), (8, 8), (1, 1), (20, 5), (10000, 2500)]:
+        s = rnd.RoundSpec(local, make_algorithm("fedavg"), cohort=m, chunk=c)
+        assert s.slots >= m and all(size <= c for size, _ in s.segments)
