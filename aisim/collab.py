@@ -188,6 +188,18 @@ def short_names(df):
     return df.rename(columns=short)
 
 
+def long_shares(df, num_sites: int):
+    """One row per (size, client): the shares, for tables of more than two clients."""
+    import pandas as pd
+
+    recs = []
+    for _, r in df.iterrows():
+        for i in range(1, num_sites + 1):
+            recs.append({"model_params": r["model_params"], "client": i, "total s": r["total_task_time_s"],
+                         **{_SHORT[k]: r[f"client{i}_{k}"] for k in _SHORT}})
+    return pd.DataFrame(recs)
+
+
 def plot_shares(df, num_sites: int, path: Path, title: str = "") -> None:
     """Stacked bars of each client's shares per model size, one panel per client (PNG)."""
     import matplotlib
@@ -258,11 +270,11 @@ def sweep(
                                     "profile": None if profile is None else str(profile)},
                         "rows": df.to_dict(orient="records")})
             return
-        console.print(rich_table(short_names(df[cols]), title=f"aisim collab sweep: {mode}, {topology}, {sc.num_sites} clients, "
-                                 f"{rounds:g} round(s)", float_fmt="{:.2f}"))
-        console.print("c{i} = client{i}_compute_utilization_pct, _communication_share_pct (incl. waiting), "
-                      "_serialization_share_pct, _other_share_pct of one synchronous round (--json, --out); "
-                      "total = rounds x round time (--rounds)", highlight=False)
+        title = f"aisim collab sweep: {mode}, {topology}, {sc.num_sites} clients, {rounds:g} round(s)"
+        shown = short_names(df[cols]) if sc.num_sites <= 2 else long_shares(df, sc.num_sites)
+        console.print(rich_table(shown, title=title, float_fmt="{:.2f}"))
+        console.print("shares of one synchronous round (comm includes waiting); total = rounds x round "
+                      "time; --json/--out name them client{i}_*_pct", highlight=False)
         if out is not None:
             console.print(f"wrote {out}", highlight=False)
 

@@ -308,10 +308,10 @@ def stack(trees: list) -> object:
 # the project's 2-core CPU machine (docs/readme/collab.md); a measure-serde profile of your own
 # machine (`--profile`) replaces them
 SERDE_DEFAULT_BYTES_PER_S = {
-    "numpy": (6.68e8, 1.97e8),
-    "msgpack": (2.21e8, 6.41e8),
-    "protobuf": (3.80e8, 4.20e8),
-    "pickle": (1.46e9, 1.54e9),
+    "numpy": (1.56e9, 4.21e8),
+    "msgpack": (4.70e8, 1.31e9),
+    "protobuf": (7.80e8, 6.15e8),
+    "pickle": (1.71e9, 1.55e9),
 }
 
 
