@@ -3,6 +3,7 @@
 Public API: load and normalise measurements, parameterise the free constants, fit, predict.
 """
 
+from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
 from calibration.fit import FitResult, fit
 from calibration.measurements import load_measurements, normalise_measurements
 from calibration.objective import build_batch, objective, predicted_step_time_s, resolve_rows
@@ -11,7 +12,7 @@ from calibration.predict import predict_rows, predict_table
 from calibration.profile import PROFILE_SCHEMA, load_profile_constants, read_profile
 
 __all__ = [
-    "FitResult", "PROFILE_SCHEMA", "Parameterization", "build_batch", "fit", "load_measurements",
+    "CollabFit", "FitResult", "PROFILE_SCHEMA", "Parameterization", "build_batch", "fit", "fit_collab", "load_collab_table", "load_measurements",
     "load_profile_constants", "normalise_measurements", "objective", "parse_free", "predict_rows",
     "predict_table", "predicted_step_time_s", "read_profile", "resolve_rows",
 ]

@@ -86,6 +86,6 @@ def test_readme_is_built_from_its_sections():
 
 def test_readme_figures_exist():
     figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
-    assert len(figures) >= 5
+    assert len(figures) >= 7
     for f in figures:
         assert (ROOT / f).is_file(), f
