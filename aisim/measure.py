@@ -24,8 +24,8 @@ from aisim.console import (
 )  # fmt: skip
 from perfmodel.errors import AisimError, bad_value
 
-SHOWN = ("model", "hardware", "num_gpus", "dp", "tp", "global_batch_size", "step_time_s",
-         "throughput_samples_per_s")  # fmt: skip
+SHOWN = ("model", "hardware", "num_layers", "hidden_size", "num_gpus", "dp", "tp",
+         "global_batch_size", "step_time_s", "throughput_samples_per_s")  # fmt: skip
 
 
 def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len, vocab, ffn):
@@ -89,13 +89,25 @@ def measure(
         str, typer.Option(help="Global batch sizes in samples, comma-separated.")
     ] = "8",
     seq_len: Annotated[int | None, typer.Option(help="Sequence length in tokens.")] = None,
-    layers: Annotated[int | None, typer.Option(help="Override the number of layers.")] = None,
-    hidden: Annotated[int | None, typer.Option(help="Override the hidden size.")] = None,
+    layers: Annotated[
+        str | None, typer.Option(help="Override the number of layers (comma-separated: sweep).")
+    ] = None,
+    hidden: Annotated[
+        str | None, typer.Option(help="Override the hidden size (comma-separated: sweep).")
+    ] = None,
     heads: Annotated[int | None, typer.Option(help="Override the attention heads.")] = None,
     vocab: Annotated[int | None, typer.Option(help="Override the vocabulary size.")] = None,
     ffn: Annotated[int | None, typer.Option(help="Override the MLP hidden size.")] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per configuration.")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed steps first (includes compiling).")] = 2,
+    rounds: Annotated[
+        int, typer.Option(help="Round-robin passes of --steps over all configurations "
+                          "(>1 spreads a shared host's contention; all stay in memory).")
+    ] = 1,
+    statistic: Annotated[
+        str, typer.Option(help="step_time_s from the timed steps: median, or min (the least "
+                          "disturbed step, for a host shared with other work).")
+    ] = "median",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32, bf16 or fp16.")] = "fp32",
     hardware: Annotated[
         str | None, typer.Option(help="Hardware preset to record (default: from the devices).")
@@ -114,10 +126,11 @@ def measure(
 
         from calibration.measure import (
             COMPUTE_DTYPES,
+            STATISTICS,
             Config,
             check_config,
             hardware_for_devices,
-            measure_one,
+            measure_many,
             parse_int_list,
             shape_columns,
         )  # fmt: skip
@@ -125,30 +138,33 @@ def measure(
         check_out_suffix(out)
         if dtype not in COMPUTE_DTYPES:
             raise bad_value("--dtype", "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
-        if steps < 1 or warmup < 0:
-            raise AisimError("--steps must be at least 1 and --warmup at least 0")
-        name, shape = _shape(model, params, layers, hidden, heads, seq_len, vocab, ffn)
-        configs = [
-            Config(dp=d, tp=t, global_batch_size=b)
-            for d, t, b in itertools.product(
-                parse_int_list(dp, "--dp"), parse_int_list(tp, "--tp"),
+        if statistic not in STATISTICS:
+            raise bad_value("--statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS))
+        if steps < 1 or warmup < 0 or rounds < 1:
+            raise AisimError("--steps and --rounds must be at least 1 and --warmup at least 0")
+        layer_list = [None] if layers is None else parse_int_list(layers, "--layers")
+        hidden_list = [None] if hidden is None else parse_int_list(hidden, "--hidden")
+        shapes = [_shape(model, params, n, h, heads, seq_len, vocab, ffn)
+                  for n, h in itertools.product(layer_list, hidden_list)]  # fmt: skip
+        jobs = [
+            (name, shape, Config(dp=d, tp=t, global_batch_size=b))
+            for (name, shape), d, t, b in itertools.product(
+                shapes, parse_int_list(dp, "--dp"), parse_int_list(tp, "--tp"),
                 parse_int_list(global_batch, "--global-batch"),
             )
         ]  # fmt: skip
         devices = jax.devices()
-        for cfg in configs:
+        for _, shape, cfg in jobs:
             check_config(shape, cfg, len(devices))
         hw = hardware_for_devices(devices, hardware)
-        rows = []
         with Progress(console=err_console, transient=True, disable=json_) as progress:
-            task = progress.add_task("measuring", total=len(configs))
-            for cfg in configs:
-                progress.update(task, description=f"dp={cfg.dp} tp={cfg.tp} "
-                                f"batch={cfg.global_batch_size}")  # fmt: skip
-                got = measure_one(shape, cfg, steps=steps, warmup=warmup, dtype=dtype, seed=seed,
-                                  devices=devices)  # fmt: skip
-                rows.append({**shape_columns(name, shape), "hardware": hw, **got})
-                progress.advance(task)
+            task = progress.add_task("measuring", total=len(jobs))
+            got = measure_many([(shape, cfg) for _, shape, cfg in jobs], steps=steps,
+                               warmup=warmup, rounds=rounds, statistic=statistic, dtype=dtype,
+                               seed=seed, devices=devices,
+                               on_done=lambda i: progress.advance(task))  # fmt: skip
+        rows = [{**shape_columns(name, shape), "hardware": hw, **g}
+                for (name, shape, _), g in zip(jobs, got, strict=True)]  # fmt: skip
         df = pd.DataFrame(rows)
         if out is not None:
             write_table(df, out)

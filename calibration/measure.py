@@ -1,12 +1,14 @@
 """Time real flax training steps on the JAX devices at hand and return measurement rows.
 
-Contract: :func:`measure_one` builds one model (a GPT-like transformer or a square bias-free ReLU
-MLP, DistIR's shape), lays it out on a ``Mesh(('dp', 'tp'))`` -- the batch sharded over ``dp``,
-the weights Megatron-style over ``tp`` (column-parallel then row-parallel, via ``NamedSharding``;
-XLA's SPMD partitioner inserts the collectives) -- runs ``warmup`` steps (compilation included),
-then times ``steps`` more one by one with ``block_until_ready``. A step is forward, backward and an
-optax Adam update. The row it returns uses the measurement CSV schema; ``step_time_s`` is the
-median step (robust to a noisy host), ``throughput_samples_per_s`` = global batch / that median.
+Contract: :func:`measure_many` builds each model (a GPT-like transformer or a square bias-free
+ReLU MLP, DistIR's shape), lays it out on a ``Mesh(('dp', 'tp'))`` -- the batch sharded over
+``dp``, the weights Megatron-style over ``tp`` (column-parallel then row-parallel, via
+``NamedSharding``; XLA's SPMD partitioner inserts the collectives) -- runs ``warmup`` steps
+(compilation included), then times ``steps`` more one by one with ``block_until_ready``, in
+``rounds`` round-robin passes over the configurations. A step is forward, backward and an optax
+Adam update. The rows use the measurement CSV schema; ``step_time_s`` is the median step (or the
+minimum, ``statistic="min"``), ``throughput_samples_per_s`` = global batch / that time, and each
+row records the host it ran on (``platform``, ``device_kind``, ``host_devices``, ``host_cores``).
 This is the imperative shell: it prints nothing and writes nothing.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import re
 import statistics
 import time
@@ -190,12 +193,35 @@ def check_config(shape: Shape, cfg: Config, n_devices: int) -> None:
                 raise bad_value(where, name, value, f"a multiple of tp={cfg.tp}")
 
 
-def measure_one(
-    shape: Shape, cfg: Config, *, steps: int, warmup: int, dtype: str = "fp32", seed: int = 0,
-    devices: list[jax.Device] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Times ``steps`` training steps of one configuration; returns the row's measured fields."""
-    devices = list(devices or jax.devices())
+STATISTICS = ("median", "min")
+
+
+@dataclasses.dataclass
+class _Run:
+    """One configuration, compiled and placed, ready to be timed (mutable: the training state)."""
+
+    cfg: Config
+    step: Any
+    state: tuple
+    inputs: Any
+    targets: Any
+    num_params: int
+    times: list[float] = dataclasses.field(default_factory=list)
+
+    def time(self, n: int, keep: bool = True) -> None:
+        """Runs ``n`` steps one by one, each timed to ``block_until_ready``."""
+        params, opt_state, loss = self.state
+        for _ in range(n):
+            t0 = time.perf_counter()
+            params, opt_state, loss = self.step(params, opt_state, self.inputs, self.targets)
+            jax.block_until_ready((params, opt_state, loss))
+            if keep:
+                self.times.append(time.perf_counter() - t0)
+        self.state = (params, opt_state, loss)
+
+
+def _prepare(shape: Shape, cfg: Config, dtype: str, seed: int, devices: list[jax.Device]) -> _Run:
+    """Builds the model, its sharded state and the jitted step of one configuration."""
     check_config(shape, cfg, len(devices))
     mesh = Mesh(np.array(devices[: cfg.dp * cfg.tp]).reshape(cfg.dp, cfg.tp), ("dp", "tp"))
     compute = COMPUTE_DTYPES[dtype]
@@ -248,28 +274,84 @@ def measure_one(
         out_shardings=(param_sh, opt_sh, replicated),
         donate_argnums=(0, 1),
     )
-
-    times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, inputs, targets)
-        jax.block_until_ready((params, opt_state, loss))
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    if not math.isfinite(float(loss)):
-        raise AisimError(f"dp={cfg.dp} tp={cfg.tp}: the loss became {float(loss)}", usage=False)
-    median = statistics.median(times)
     num_params = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract))
+    return _Run(cfg=cfg, step=step, state=(params, opt_state, jnp.zeros(())), inputs=inputs,
+                targets=targets, num_params=num_params)  # fmt: skip
+
+
+def _row(run: _Run, steps: int, warmup: int, rounds: int, dtype: str, statistic: str,
+         devices: list[jax.Device]) -> dict[str, Any]:  # fmt: skip
+    cfg, times = run.cfg, run.times
+    loss = float(run.state[2])
+    if not math.isfinite(loss):
+        raise AisimError(f"dp={cfg.dp} tp={cfg.tp}: the loss became {loss}", usage=False)
+    chosen = min(times) if statistic == "min" else float(statistics.median(times))
     return dict(
         num_gpus=cfg.dp * cfg.tp, dp=cfg.dp, tp=cfg.tp, pp=1,
         global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.global_batch_size // cfg.dp,
         num_microbatches=1, recompute="none", sequence_parallel=False, zero_stage=0, dtype=dtype,
-        step_time_s=median, throughput_samples_per_s=cfg.global_batch_size / median,
-        step_time_min_s=min(times), step_time_max_s=max(times), steps=steps, warmup=warmup,
-        num_params=num_params, final_loss=float(loss),
-        device_kind=devices[0].device_kind, date=datetime.date.today().isoformat(),
-        jax_version=jax.__version__,
+        step_time_s=chosen, throughput_samples_per_s=cfg.global_batch_size / chosen,
+        statistic=statistic, step_time_median_s=float(statistics.median(times)),
+        step_time_min_s=min(times), step_time_max_s=max(times), steps=steps, rounds=rounds,
+        warmup=warmup, num_params=run.num_params, final_loss=loss,
+        device_kind=devices[0].device_kind, platform=devices[0].platform,
+        host_devices=len(devices), host_cores=os.cpu_count(),
+        date=datetime.date.today().isoformat(), jax_version=jax.__version__,
     )  # fmt: skip
+
+
+def measure_many(
+    jobs: list[tuple[Shape, Config]], *, steps: int, warmup: int, rounds: int = 1,
+    statistic: str = "median", dtype: str = "fp32", seed: int = 0,
+    devices: list[jax.Device] | None = None, on_done=None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Times every (shape, configuration) job; returns their rows, in order.
+
+    With ``rounds == 1`` each job is built, warmed up, timed for ``steps`` steps and released
+    before the next. With ``rounds > 1`` every job is built and warmed up first (all stay in
+    memory), then timed ``steps`` steps at a time, round-robin, ``rounds`` times: on a host
+    shared with other work, a burst of contention then spreads over all the configurations
+    instead of spoiling one. ``step_time_s`` is the ``statistic`` (``median``, or ``min``: the
+    least disturbed step, the better estimate of the intrinsic time on a shared host) of the
+    ``steps · rounds`` timed steps. ``on_done(i)`` is called after each job's last round.
+    """
+    if statistic not in STATISTICS:
+        raise bad_value("statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS))
+    devices = list(devices or jax.devices())
+    for shape, cfg in jobs:
+        check_config(shape, cfg, len(devices))
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    if rounds <= 1:
+        for i, (shape, cfg) in enumerate(jobs):
+            run = _prepare(shape, cfg, dtype, seed, devices)
+            run.time(warmup, keep=False)
+            run.time(steps)
+            rows[i] = _row(run, steps, warmup, 1, dtype, statistic, devices)
+            if on_done:
+                on_done(i)
+        return rows  # type: ignore[return-value]
+    runs = []
+    for shape, cfg in jobs:
+        run = _prepare(shape, cfg, dtype, seed, devices)
+        run.time(warmup, keep=False)
+        runs.append(run)
+    for r in range(rounds):
+        for i, run in enumerate(runs):
+            run.time(steps)
+            if r == rounds - 1:
+                rows[i] = _row(run, steps, warmup, rounds, dtype, statistic, devices)
+                if on_done:
+                    on_done(i)
+    return rows  # type: ignore[return-value]
+
+
+def measure_one(
+    shape: Shape, cfg: Config, *, steps: int, warmup: int, dtype: str = "fp32", seed: int = 0,
+    devices: list[jax.Device] | None = None, statistic: str = "median",
+) -> dict[str, Any]:  # fmt: skip
+    """Times ``steps`` training steps of one configuration; returns the row's measured fields."""
+    return measure_many([(shape, cfg)], steps=steps, warmup=warmup, statistic=statistic,
+                        dtype=dtype, seed=seed, devices=devices)[0]  # fmt: skip
 
 
 def shape_columns(model: str, shape: Shape) -> dict[str, Any]:

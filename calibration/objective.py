@@ -101,6 +101,10 @@ def _model_of(row: pd.Series, where: str, cache: dict) -> Model:
     if name is None:
         raise AisimError(f"{where}: field 'model' is blank: expected a model preset name (or --model)")
     dims = {c: _val(row, c) for c in DIM_COLUMNS}
+    if name == "custom" and _val(row, "model_kind") == "mlp":  # `aisim measure --params` rows
+        doc = {k: _val(row, k) for k in ("num_layers", "hidden_size", "input_size", "output_size")}
+        return model_from_dict({**{k: v for k, v in doc.items() if v is not None},
+                                "kind": "mlp", "name": "custom"}, where)
     if name == "custom":
         missing = [c for c in ("num_layers", "hidden_size", "num_heads", "seq_len") if dims[c] is None]
         if missing:
@@ -113,7 +117,9 @@ def _model_of(row: pd.Series, where: str, cache: dict) -> Model:
         cache[name] = load_model(name)
     m = cache[name]
     if m.spec.kind == "mlp":
-        dims = {"num_layers": dims["num_layers"], "hidden_size": dims["hidden_size"]}
+        # a resized MLP (aisim measure) also records its input and output widths
+        dims = {"num_layers": dims["num_layers"], "hidden_size": dims["hidden_size"],
+                "input_size": _val(row, "input_size"), "output_size": _val(row, "output_size")}
     if dims.get("hidden_size") is not None and dims.get("ffn_hidden_size") is None and m.spec.kind == "transformer":
         if float(m.spec.ffn_hidden_size) == 4.0 * float(m.spec.hidden_size):
             dims["ffn_hidden_size"] = 4 * dims["hidden_size"]

@@ -41,6 +41,9 @@ class HardwareSpec:
     link_latency_s: Float[Array, " tiers"]
     gpus_per_node: Float[Array, ""]
     price_per_device_hour_usd: Float[Array, ""]  # NaN when unknown
+    # 1 = the node's devices are time-sliced on one host's cores (XLA's CPU devices): the
+    # numbers above are the whole host's; 0 = dedicated devices (GPUs). See step_time.
+    devices_share_host: Float[Array, ""] = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +123,9 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     price = doc.get("price_per_device_hour_usd")
     price = _number(where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True)
     gpn = _number(where, "gpus_per_node", doc.get("gpus_per_node", 8), "devices per node")
+    shared = doc.get("devices_share_host", False)
+    if not isinstance(shared, bool):
+        raise bad_value(where, "devices_share_host", shared, "true or false")
     spec = HardwareSpec(
         peak_flops_per_s=jnp.asarray(peak, jnp.float32),
         memory_bandwidth_bytes_per_s=jnp.asarray(
@@ -130,6 +136,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         link_latency_s=jnp.asarray(lat, jnp.float32),
         gpus_per_node=jnp.asarray(gpn, jnp.float32),
         price_per_device_hour_usd=jnp.asarray(math.nan if price is None else price, jnp.float32),
+        devices_share_host=jnp.asarray(float(shared), jnp.float32),
     )
     consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
     return Hardware(

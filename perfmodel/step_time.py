@@ -197,6 +197,13 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
                                                       kernels=jnp.ones(()), tensor=False))
     overhead_s = c.microbatch_overhead_s * mb * v
 
+    # devices time-sliced on one host's cores (XLA's CPU devices, ``hw.devices_share_host``):
+    # each of the n busy at once gets 1/n of the host, so its own work (kernels, optimizer,
+    # dispatch) takes n times as long as on the whole host; a collective is one copy on the
+    # shared memory for all of them, so the alpha-beta terms stay as they are
+    slicing = jnp.where(hw.devices_share_host > 0, jnp.maximum(jnp.minimum(s.num_gpus, gpn), 1.0), 1.0)
+    compute_s, bubble_s, optimizer_s, overhead_s = (
+        slicing * x for x in (compute_s, bubble_s, optimizer_s, overhead_s))
     total = compute_s + tp_comm_s + dp_exposed + pp_p2p_s + bubble_s + optimizer_s + overhead_s
 
     # ---- throughput and utilisation
