@@ -60,11 +60,15 @@ class ClientState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LocalData:
-    """The shared training pool and the population's row order."""
+    """The shared training pool and the population's row order.
+
+    With ``order = None`` the pool is already laid out in slot order (``x_pool[j]`` is the row of
+    slot ``j``), which saves one gather per local step.
+    """
 
     x_pool: Float[Array, "pool ..."]
     y_pool: Int[Array, " pool"]
-    order: Int[Array, " slots"]
+    order: Int[Array, " slots"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,20 +105,21 @@ def _hash32(x: Array) -> Array:
 def permute(
     keys: Int[Array, "rounds 2"], n: Int[Array, ""], i: Int[Array, "..."]
 ) -> Int[Array, "..."]:
-    """Position ``pi(i)`` of a keyed permutation ``pi`` of ``0..n-1`` (``0 <= i < n``).
+    """Position ``pi(i)`` of a keyed permutation ``pi`` of ``0..n-1`` (``i`` is taken mod ``n``).
 
     Swap-or-not: each round pairs ``x`` with ``k_r - x mod n`` (an involution) and swaps both
     members of a pair or neither, as a hash of the pair's larger member decides; a composition of
     such rounds is a bijection of ``0..n-1`` for any ``n >= 1``."""
-    n_u = jnp.maximum(n, 1).astype(jnp.uint32)
-    x = i.astype(jnp.uint32) % n_u
+    n = jnp.maximum(n, 1).astype(jnp.int32)
+    offsets = (keys[:, 0] % n.astype(jnp.uint32)).astype(jnp.int32)  # one division per round
+    x = i.astype(jnp.int32) % n
     for r in range(keys.shape[0]):
-        k = keys[r, 0] % n_u
-        partner = (k + n_u - x) % n_u
-        hi = jnp.maximum(x, partner)
+        d = offsets[r] - x  # in (-n, n): mod n without a division per element
+        partner = jnp.where(d < 0, d + n, d)
+        hi = jnp.maximum(x, partner).astype(jnp.uint32)
         flip = (_hash32(hi ^ keys[r, 1]) & jnp.uint32(1)) == 1
         x = jnp.where(flip, partner, x)
-    return x.astype(jnp.int32)
+    return x
 
 
 def epoch_permutations(
@@ -164,9 +169,11 @@ def client_step(
 ) -> ClientState:
     """One local optimiser step of one client; unchanged when ``step >= task.steps``."""
     slots, mask = batch_rows(spec, step, task, keys)
-    rows = jnp.take(data.order, slots, mode="clip")
-    x = jnp.take(data.x_pool, rows, axis=0, mode="clip")
-    y = jnp.take(data.y_pool, rows, mode="clip")
+    # Every index is in bounds: batch_rows maps masked offsets onto the client's own rows.
+    inb = "promise_in_bounds"
+    rows = slots if data.order is None else data.order.at[slots].get(mode=inb)
+    x = data.x_pool.at[rows].get(mode=inb)
+    y = data.y_pool.at[rows].get(mode=inb)
 
     def loss_fn(p):
         return cross_entropy(spec.apply(p, x), y, mask)

@@ -179,8 +179,7 @@ def build(cfg: ExperimentConfig) -> Built:
     systems = draw_systems(parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1))
     inputs = rnd.RoundInputs(
         data=lu.LocalData(
-            x_pool=jnp.asarray(ds.x_train), y_pool=jnp.asarray(ds.y_train),
-            order=jnp.asarray(pop.order),
+            x_pool=jnp.asarray(ds.x_train[pop.order]), y_pool=jnp.asarray(ds.y_train[pop.order]),
         ),
         starts=jnp.asarray(pop.starts), sizes=jnp.asarray(pop.sizes), systems=systems,
     )
@@ -193,6 +192,10 @@ def build(cfg: ExperimentConfig) -> Built:
     )
     params = model.init(jax.random.key(cfg.seed))
     state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed)
+    if mesh is not None:
+        # Replicated over the mesh, as the round returns it: the second round does not recompile.
+        rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        inputs, state = jax.device_put((inputs, state), rep)
     evaluate = _cached(("eval", model_name, ds.input_shape, ds.num_classes),
                        lambda: jax.jit(rnd.make_evaluate(model.apply)))
     eval_sets = (
