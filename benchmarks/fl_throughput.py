@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import time
 
@@ -160,10 +161,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed vmapped rounds per repeat")
     ap.add_argument("--skip-scale", action="store_true")
     args = ap.parse_args()
+    tasks = TASKS
+    if os.environ.get("AISIM_QUICK") == "1":  # smoke-test sizes (the README test); not for numbers
+        tasks = dict(list(TASKS.items())[:1])
+        args.rounds, args.skip_scale = 1, True
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}")
     print(f"{'task (B=10, same cohorts and local steps)':<54} {'chunk':>6} {'vmapped':>12} "
           f"{'loop':>10} {'speed-up':>9}")
-    for name, (cfg, loop_rounds) in TASKS.items():
+    for name, (cfg, loop_rounds) in tasks.items():
         b = build(cfg)
         v, loop = compare(b, args.rounds, loop_rounds)
         print(f"{name:<54} {b.spec.chunk:>6} {v:>10.1f}/s {loop:>8.1f}/s {v / loop:>8.1f}x",
