@@ -34,9 +34,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pandas as pd
 
+from calibration.fit import adam_then_lbfgs
 from calibration.parameterization import Parameterization
 from perfmodel import collab
 from perfmodel.errors import AisimError, bad_value
@@ -253,33 +253,11 @@ def _solve(sites, agg, num_sites, setup_static, setup_leaves, models, target, ma
            time_mask, log_rounds):
     setup = collab.Setup(*setup_leaves, *setup_static)
     param = CollabParameterization(sites=sites, agg=agg, num_sites=num_sites)
-    init = param.init()
 
     def f(raw):
         return objective(raw, param, models, setup, target, mask, log_total, time_mask, log_rounds)
 
-    adam = optax.adam(ADAM_LR)
-
-    def adam_step(carry, _):
-        raw, state = carry
-        upd, state = adam.update(jax.grad(f)(raw), state, raw)
-        return (optax.apply_updates(raw, upd), state), None
-
-    (raw, _), _ = jax.lax.scan(adam_step, (init, adam.init(init)), None, length=ADAM_STEPS)
-    lbfgs = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(f)
-
-    def lbfgs_step(_, carry):
-        raw, state = carry
-        value, g = value_and_grad(raw, state=state)
-        upd, new_state = lbfgs.update(g, state, raw, value=value, grad=g, value_fn=f)
-        new_raw = optax.apply_updates(raw, upd)
-        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_raw)]))
-        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(ok, x, y), a, b)  # noqa: E731
-        return keep(new_raw, raw), keep(new_state, state)
-
-    raw, _ = jax.lax.fori_loop(0, LBFGS_STEPS, lbfgs_step, (raw, lbfgs.init(raw)))
-    return raw, f(raw)
+    return adam_then_lbfgs(f, param.init(), adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS, lr=ADAM_LR)
 
 
 @dataclasses.dataclass(frozen=True)

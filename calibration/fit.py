@@ -80,15 +80,15 @@ class FitResult:
         return float(np.max(np.abs(e))) if e.size else None
 
 
-@functools.partial(jax.jit, static_argnames=("free", "adam_steps", "lbfgs_steps"))
-def _solve(free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS):
-    param = Parameterization(base=base, free=free)
-    init = param.init()
+def adam_then_lbfgs(f, init, *, adam_steps: int = ADAM_STEPS, lbfgs_steps: int = LBFGS_STEPS,
+                    lr: float = ADAM_LR):
+    """Minimises ``f`` from ``init`` (a PyTree of raw values): ``adam_steps`` of Adam, then
+    ``lbfgs_steps`` of L-BFGS. Traceable, so callers run it inside their own ``jit``.
 
-    def f(raw):
-        return objective(raw, param, groups, order, log_t, weights)
-
-    adam = optax.adam(ADAM_LR)
+    Returns:
+      ``(raw, f(raw))`` at the end.
+    """
+    adam = optax.adam(lr)
 
     def adam_step(carry, _):
         raw, state = carry
@@ -112,6 +112,16 @@ def _solve(free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbf
 
     raw, _ = jax.lax.fori_loop(0, lbfgs_steps, lbfgs_step, (raw, lbfgs.init(raw)))
     return raw, f(raw)
+
+
+@functools.partial(jax.jit, static_argnames=("free", "adam_steps", "lbfgs_steps"))
+def _solve(free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS):
+    param = Parameterization(base=base, free=free)
+
+    def f(raw):
+        return objective(raw, param, groups, order, log_t, weights)
+
+    return adam_then_lbfgs(f, param.init(), adam_steps=adam_steps, lbfgs_steps=lbfgs_steps)
 
 
 @functools.partial(jax.jit, static_argnames=("free",))
