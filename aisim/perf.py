@@ -53,7 +53,7 @@ def estimate_one(
         num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size), num_gpus=gpus, tp=tp, pp=pp,
         global_batch=global_batch, micro_batch_size=micro_batch, schedule=schedule, interleave=interleave,
         zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dtype,
-        dp_overlap=dp_overlap, gpus_per_node=gpn,
+        dp_overlap=dp_overlap, gpus_per_node=gpn, tp_rule="distir" if cost_model == "distir" else "divides",
         names={"tp": "--tp", "pp": "--pp", "num_gpus": "--gpus", "global_batch": "--global-batch",
                "micro_batch_size": "--micro-batch", "interleave": "--interleave", "zero_stage": "--zero"},
     )

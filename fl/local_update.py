@@ -5,8 +5,10 @@ in a fresh random order in batches of ``batch_size``; the last batch of an epoch
 masked. The order is a keyed swap-or-not permutation of ``0..n-1`` (Hoang, Morris & Rogaway,
 CRYPTO 2012) evaluated only at the positions of the current batch, so a client's shuffle costs
 ``O(batch_size)`` work per step and ``epochs x ROUNDS`` round keys of state, not a sort of
-``max_samples`` entries (:func:`epoch_permutations` materialises it, for references). :func:`client_step` is one optimiser step, a no-op once
-``step >= task.steps``, so clients with fewer samples or epochs are padded by masks.
+``max_samples`` entries (:func:`epoch_permutations` materialises it, for references; the swap
+offsets are reduced mod ``n`` once per client and round, by :func:`shuffle_table`).
+:func:`client_step` is one optimiser step (:func:`batch_rows`, then :func:`train_step`), a no-op
+once ``step >= task.steps``, so clients with fewer samples or epochs are padded by masks.
 The gradient is corrected by FedProx's proximal term ``μ (w − w_global)`` (Li et al. 2020, eq. 2)
 and SCAFFOLD's ``c − c_i`` (Karimireddy et al. 2020, alg. 1 line 10) before it enters the client's
 optax transformation. :func:`local_update` runs a client's steps with ``lax.scan``; it is the
@@ -102,6 +104,30 @@ def _hash32(x: Array) -> Array:
     return x ^ (x >> 16)
 
 
+def shuffle_table(
+    keys: Int[Array, "epochs rounds 2"], n: Int[Array, ""]
+) -> Int[Array, "epochs rounds 2"]:
+    """A client's round keys (uint32) with each swap offset already reduced mod ``n``, so that a
+    local step does no division: computed once per client and round, used by every step."""
+    offsets = keys[..., 0] % jnp.maximum(n, 1).astype(jnp.uint32)
+    return jnp.stack([offsets, keys[..., 1]], axis=-1)
+
+
+def permute_reduced(
+    table: Int[Array, "rounds 2"], n: Int[Array, ""], i: Int[Array, "..."]
+) -> Int[Array, "..."]:
+    """Position ``pi(i)`` for ``0 <= i < n``, from one epoch's :func:`shuffle_table` row."""
+    n = jnp.maximum(n, 1).astype(jnp.int32)
+    x = i.astype(jnp.int32)
+    for r in range(table.shape[0]):
+        d = table[r, 0].astype(jnp.int32) - x  # in (-n, n): mod n without a division per element
+        partner = jnp.where(d < 0, d + n, d)
+        hi = jnp.maximum(x, partner).astype(jnp.uint32)
+        flip = (_hash32(hi ^ table[r, 1]) & jnp.uint32(1)) == 1
+        x = jnp.where(flip, partner, x)
+    return x
+
+
 def permute(
     keys: Int[Array, "rounds 2"], n: Int[Array, ""], i: Int[Array, "..."]
 ) -> Int[Array, "..."]:
@@ -110,16 +136,8 @@ def permute(
     Swap-or-not: each round pairs ``x`` with ``k_r - x mod n`` (an involution) and swaps both
     members of a pair or neither, as a hash of the pair's larger member decides; a composition of
     such rounds is a bijection of ``0..n-1`` for any ``n >= 1``."""
-    n = jnp.maximum(n, 1).astype(jnp.int32)
-    offsets = (keys[:, 0] % n.astype(jnp.uint32)).astype(jnp.int32)  # one division per round
-    x = i.astype(jnp.int32) % n
-    for r in range(keys.shape[0]):
-        d = offsets[r] - x  # in (-n, n): mod n without a division per element
-        partner = jnp.where(d < 0, d + n, d)
-        hi = jnp.maximum(x, partner).astype(jnp.uint32)
-        flip = (_hash32(hi ^ keys[r, 1]) & jnp.uint32(1)) == 1
-        x = jnp.where(flip, partner, x)
-    return x
+    i = i.astype(jnp.int32) % jnp.maximum(n, 1).astype(jnp.int32)
+    return permute_reduced(shuffle_table(keys, n), n, i)
 
 
 def epoch_permutations(
@@ -144,16 +162,17 @@ def init_state(spec: LocalSpec, global_params) -> ClientState:
 
 
 def batch_rows(
-    spec: LocalSpec, step: Int[Array, ""], task: ClientTask, keys: Int[Array, "epochs rounds 2"]
+    spec: LocalSpec, step: Int[Array, ""], task: ClientTask, table: Int[Array, "epochs rounds 2"]
 ) -> tuple[Int[Array, " batch"], Float[Array, " batch"]]:
-    """Positions in ``order`` of the batch of ``step``, and its validity mask (``keys`` from
-    :func:`shuffle_keys`)."""
+    """Positions in ``order`` of the batch of ``step``, and its validity mask (``table`` from
+    :func:`shuffle_table`). Masked offsets past the client's last sample are clamped onto its
+    last position: they stay in bounds and their weight is zero."""
     bsz = spec.batch_size
     per_epoch = jnp.maximum((task.n + bsz - 1) // bsz, 1)
     epoch = jnp.minimum(step // per_epoch, spec.max_epochs - 1)
     offs = (step % per_epoch) * bsz + jnp.arange(bsz)
     valid = offs < task.n
-    pos = permute(keys[epoch], task.n, offs)
+    pos = permute_reduced(table[epoch], task.n, jnp.minimum(offs, jnp.maximum(task.n, 1) - 1))
     return task.start + pos, valid.astype(jnp.float32)
 
 
@@ -162,13 +181,32 @@ def client_step(
     state: ClientState,
     step: Int[Array, ""],
     task: ClientTask,
-    keys: Int[Array, "epochs rounds 2"],
+    table: Int[Array, "epochs rounds 2"],
     global_params,
     mu: Float[Array, ""],
     data: LocalData,
 ) -> ClientState:
-    """One local optimiser step of one client; unchanged when ``step >= task.steps``."""
-    slots, mask = batch_rows(spec, step, task, keys)
+    """One local optimiser step of one client (``table`` from :func:`shuffle_table`); unchanged
+    when ``step >= task.steps``."""
+    slots, mask = batch_rows(spec, step, task, table)
+    return train_step(spec, state, step, task, slots, mask, global_params, mu, data)
+
+
+def train_step(
+    spec: LocalSpec,
+    state: ClientState,
+    step: Int[Array, ""],
+    task: ClientTask,
+    slots: Int[Array, " batch"],
+    mask: Float[Array, " batch"],
+    global_params,
+    mu: Float[Array, ""],
+    data: LocalData,
+) -> ClientState:
+    """:func:`client_step` on the batch of ``step`` given by :func:`batch_rows` (``slots``,
+    ``mask``). The vmapped round computes the next step's batch one iteration ahead and carries
+    it, so that XLA keeps the positions in a buffer instead of fusing the 16-round shuffle into
+    the gather, where it would be recomputed for every feature of every row."""
     # Every index is in bounds: batch_rows maps masked offsets onto the client's own rows.
     inb = "promise_in_bounds"
     rows = slots if data.order is None else data.order.at[slots].get(mode=inb)
@@ -204,10 +242,10 @@ def local_update(
     num_steps: int,
 ) -> ClientState:
     """Runs one client's round with ``lax.scan`` over ``num_steps`` (>= ``task.steps``) steps."""
-    keys = shuffle_keys(task.key, spec.max_epochs)
+    table = shuffle_table(shuffle_keys(task.key, spec.max_epochs), task.n)
 
     def body(state, s):
-        return client_step(spec, state, s, task, keys, global_params, mu, data), None
+        return client_step(spec, state, s, task, table, global_params, mu, data), None
 
     state, _ = jax.lax.scan(body, init_state(spec, global_params), jnp.arange(num_steps))
     return state

@@ -11,8 +11,9 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
 3. sorts the cohort by local steps, longest first (bucketing), and cuts it into the chunks of
    :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up to ``chunk``, then
    equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
-   ``vmap(client_step)`` runs inside a loop whose trip count is that chunk's largest step count,
-   with masks for shorter clients. The growing head puts the few longest clients of a heavy-tailed
+   ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,
+   with masks for shorter clients (each iteration also computes the next step's batch positions,
+   carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts the few longest clients of a heavy-tailed
    cohort into small chunks, so that they do not make hundreds of short clients run masked steps;
    the client axis is sharded over ``mesh`` when one is given;
 4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
@@ -282,16 +283,20 @@ def make_round(spec: RoundSpec):
                 correction=correction,
             )
             tasks = _shard(spec, tasks)
-            keys = jax.vmap(lu.shuffle_keys, in_axes=(0, None))(tasks.key, epochs)
+            keys = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(tasks.key, tasks.n)
             st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
             st0 = _shard(spec, st0)
             mu = hyper.mu if alg.proximal else jnp.zeros(())
-            step_all = jax.vmap(lu.client_step, in_axes=(None, 0, None, 0, 0, None, None, None))
+            batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
+            train_all = jax.vmap(lu.train_step, in_axes=(None, 0, None, 0, 0, 0, None, None, None))
 
-            def loop(s, st):
-                return step_all(local, st, s, tasks, keys, g, mu, inputs.data)
+            def loop(s, carry):  # the next step's batch is computed one step ahead (train_step)
+                st, slots, mask = carry
+                ahead = batch_all(local, s + 1, tasks, keys)
+                return train_all(local, st, s, tasks, slots, mask, g, mu, inputs.data), *ahead
 
-            st = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, st0)
+            carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, keys))
+            st, _, _ = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, carry0)
             delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
             if alg.dp:
                 delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, hyper.clip_norm)

@@ -129,11 +129,13 @@ def strategy_from_knobs(
     num_microbatches: int | None = None, schedule: str | None = None, interleave: int = 1,
     zero_stage: int = 0, recompute: str = "none", sequence_parallel: bool = False,
     dtype: str = "bf16", dp_overlap: bool = True, gpus_per_node: int = 8, where: str = "command line",
-    names: dict[str, str] | None = None,
+    names: dict[str, str] | None = None, tp_rule: str = "divides",
 ) -> Strategy:
     """Validates user knobs and builds a :class:`Strategy` (dp = gpus / (tp·pp) when omitted).
 
-    ``names`` maps knob names to the option or column names shown in messages.
+    ``names`` maps knob names to the option or column names shown in messages. ``tp_rule`` is
+    ``"divides"`` (tp divides the heads and KV heads: Megatron's attention split, aisim's model) or
+    ``"distir"`` (at most the number of heads, as DistIR's GPT-2 transform checks it).
 
     Raises:
       AisimError: naming the knob, the bad value and what is expected.
@@ -147,7 +149,11 @@ def strategy_from_knobs(
             raise bad_value(where, n[key], val, "a positive integer")
     if not 0 <= zero_stage <= 3:
         raise bad_value(where, n["zero_stage"], zero_stage, "a ZeRO stage 0, 1, 2 or 3")
-    if num_heads % tp or num_kv_heads % tp:
+    if tp_rule == "distir":
+        if tp > num_heads:
+            raise bad_value(where, n["tp"], tp, f"at most the number of attention heads ({num_heads}; "
+                            "DistIR's rule)")
+    elif num_heads % tp or num_kv_heads % tp:
         raise bad_value(where, n["tp"], tp, f"a divisor of the number of attention heads ({num_heads}"
                         + (f") and KV heads ({num_kv_heads})" if num_kv_heads != num_heads else ")"))
     if num_gpus % (tp * pp):

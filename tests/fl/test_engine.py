@@ -206,6 +206,29 @@ def test_shuffle_is_a_permutation_of_the_client_rows(n):
         assert not np.array_equal(perms[0], perms[1])  # a fresh order each epoch
 
 
+@pytest.mark.parametrize("n", [1, 3, 10, 23])
+def test_batch_rows_cover_each_epoch_once_and_stay_in_bounds(n):
+    # The steps of one epoch visit epoch_permutations' order (the reference), batch by batch;
+    # masked slots (past the client's n rows, n < batch size included) stay on the client's rows.
+    spec = lu.LocalSpec(apply=None, client_opt=None, batch_size=10, max_samples=n, max_epochs=2)
+    key, start = jax.random.key(7), 100
+    task = lu.ClientTask(start=jnp.int32(start), n=jnp.int32(n), steps=jnp.int32(0), key=key,
+                         correction=None)
+    table = lu.shuffle_table(lu.shuffle_keys(key, 2), task.n)
+    ref = np.asarray(lu.epoch_permutations(key, n, n, 2))
+    per_epoch = -(-n // 10)
+    for epoch in range(2):
+        got, masks = [], []
+        for s in range(epoch * per_epoch, (epoch + 1) * per_epoch):
+            slots, mask = lu.batch_rows(spec, jnp.int32(s), task, table)
+            slots, mask = np.asarray(slots), np.asarray(mask)
+            assert ((slots >= start) & (slots < start + n)).all()
+            got.append(slots[mask > 0] - start)
+            masks.append(mask)
+        assert np.array_equal(np.concatenate(got), ref[epoch])
+        assert np.concatenate(masks).sum() == n
+
+
 def test_shuffle_positions_are_close_to_uniform():
     # Where row 0 of a 10-row client lands, over 4000 keys: every position about 400 times.
     n, trials = 10, 4000

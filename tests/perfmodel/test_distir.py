@@ -191,3 +191,20 @@ def test_cli_estimate_cost_model_distir():
     doc = json.loads(res.stdout)
     assert doc["cost_model"] == "distir"
     assert doc["throughput_samples_per_s"] == pytest.approx(121.73, rel=0.005)
+
+
+def test_cli_estimate_distir_takes_tp_that_only_fits_distirs_rule():
+    # gpt2 has 12 heads: tp 8 is DistIR-valid (heads >= tp) but not a Megatron split of the heads.
+    args = ["perf", "estimate", "--model", "gpt2", "--gpus", "8", "--tp", "8", "--pp", "1",
+            "--global-batch", "8", "--micro-batch", "8", "--dtype", "fp16", "--json"]
+    res = CliRunner().invoke(app, [*args, "--cost-model", "distir"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    gpt2 = load_model("gpt2").spec
+    one = _run(gpt2, tp=8, micro_batch_size=8)
+    assert doc["valid"] and doc["step_time_s"] == pytest.approx(float(one.step_time_s), rel=1e-6)
+    aisim = CliRunner().invoke(app, [*args, "--cost-model", "aisim"])
+    assert aisim.exit_code == 2 and "a divisor of the number of attention heads (12)" in aisim.output
+    over = CliRunner().invoke(app, ["perf", "estimate", "--model", "gpt2", "--gpus", "16", "--tp", "16",
+                                    "--pp", "1", "--cost-model", "distir"])
+    assert over.exit_code == 2 and "at most the number of attention heads (12" in over.output
