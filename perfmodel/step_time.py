@@ -5,9 +5,11 @@ written for one strategy with scalar leaves. The pipeline follows Narayanan et a
 ``m`` microbatches of the slowest stage, plus a bubble of ``(p-1)/v`` stage-microbatch times
 (GPipe and 1F1B ``v = 1``; interleaved 1F1B with ``v`` chunks). Tensor-parallel traffic is the
 Megatron 2+2 all-reduces of ``b·s·h`` activations per layer (all-gather + reduce-scatter with
-sequence parallelism, the same volume); data-parallel traffic is a gradient all-reduce (ZeRO
-reduce-scatter/all-gather; ZeRO-3 also gathers weights in forward and backward), partly hidden
-behind the last microbatch's backward pass. Every term is in seconds.
+sequence parallelism, the same volume); data-parallel traffic is a gradient all-reduce behind the
+last microbatch's backward pass; under ZeRO it is what the partitioning forces: a reduce-scatter
+per step (ZeRO-1) or per microbatch (ZeRO-2, 3), weight all-gathers per microbatch (ZeRO-3), and
+for ZeRO-1/2 an all-gather of the updated weights after the optimizer step that nothing hides.
+Every term is in seconds.
 """
 
 from __future__ import annotations
@@ -180,14 +182,22 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     params_dev = stage_params(m, s)
     w_b, g_b, _ = model_state_bytes_per_param(s.dtype)
     zero3 = s.zero_stage > 2.5
-    dp_total = jnp.where(
-        zero3,
-        coll.reduce_scatter_s(dp, params_dev * g_b, dp_alpha, dp_beta)
-        + 2.0 * coll.all_gather_s(dp, params_dev * w_b, dp_alpha, dp_beta),
-        coll.all_reduce_s(dp, params_dev * g_b, dp_alpha, dp_beta),
-    )
-    window = n_layers * jnp.where(zero3, fwd_layer + bwd_layer, bwd_layer)
-    hidden = jnp.where(s.dp_overlap > 0, jnp.minimum(c.dp_overlap_fraction * dp_total, window), 0.0)
+    # What ZeRO's partitioning forces (Rajbhandari et al. 2020 §5; DeepSpeed's stage 2 and 3
+    # engines): with gradients partitioned (ZeRO-2, 3) a replica has no buffer to accumulate a
+    # whole gradient in, so every microbatch's gradient is reduce-scattered as its backward pass
+    # produces it; with parameters partitioned (ZeRO-3) every microbatch gathers each layer for
+    # its forward and again for its backward (recompute included); ZeRO-1 and 2 all-gather the
+    # updated parameter shards after the optimizer step, where no backward pass is left to hide
+    # behind. ZeRO-0 all-reduces the accumulated gradient once, behind the last backward pass.
+    rs = coll.reduce_scatter_s(dp, params_dev * g_b, dp_alpha, dp_beta)
+    ag = coll.all_gather_s(dp, params_dev * w_b, dp_alpha, dp_beta)
+    per_mb = jnp.where(s.zero_stage > 1.5, mb, 1.0)
+    hideable = jnp.where(s.zero_stage > 0.5, per_mb * rs + jnp.where(zero3, 2.0 * mb * ag, 0.0),
+                         coll.all_reduce_s(dp, params_dev * g_b, dp_alpha, dp_beta))
+    exposed = jnp.where((s.zero_stage > 0.5) & ~zero3, ag, 0.0)
+    dp_total = hideable + exposed
+    window = per_mb * n_layers * jnp.where(zero3, fwd_layer + bwd_layer, bwd_layer)
+    hidden = jnp.where(s.dp_overlap > 0, jnp.minimum(c.dp_overlap_fraction * hideable, window), 0.0)
     dp_exposed = dp_total - hidden
 
     # ---- optimizer step (memory-bound), on this rank's shard under ZeRO >= 1

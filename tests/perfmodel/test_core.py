@@ -211,3 +211,31 @@ def test_gradients_are_finite_for_an_mlp_with_empty_op_classes():
     s = make_strategy(dp=4, micro_batch_size=4, num_microbatches=1, dtype="fp16")
     grads = jax.grad(lambda c: step_time(m, A100.spec, c, s).step_time_s)(A100.constants)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_zero_data_parallel_traffic_by_hand():
+    # gpt3-1.3b, dp 8 inside one node (NVLink), 4 microbatches, bf16 (2-byte weights and grads):
+    # ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and all-gathers the updated weights
+    # after the optimizer step; ZeRO-2 reduce-scatters every microbatch (its gradient is
+    # partitioned, so there is nothing to accumulate into); ZeRO-3 also gathers every layer for
+    # each microbatch's forward and backward.
+    from perfmodel.memory import stage_params
+
+    m = load_model("gpt3-1.3b").spec
+    c = A100.constants
+    alpha = float(c.link_latency_s[0])
+    beta = float(A100.spec.link_bandwidth_bytes_per_s[0] * c.link_bandwidth_efficiency[0])
+    out = {}
+    for z in range(4):
+        s = make_strategy(dp=8, micro_batch_size=1, num_microbatches=4, zero_stage=z, dp_overlap=False)
+        out[z] = STEP(m, A100.spec, c, s)
+    n_bytes = 2.0 * float(stage_params(m, s))
+    ring = 7 * alpha + 7 / 8 * n_bytes / beta  # one reduce-scatter or all-gather of 8 ranks
+    expected = {0: 2 * ring, 1: 2 * ring, 2: 4 * ring + ring, 3: 4 * ring + 8 * ring}
+    for z, want in expected.items():
+        assert float(out[z].dp_comm_total_s) == pytest.approx(want, rel=1e-5), z
+        assert float(out[z].dp_comm_exposed_s) == pytest.approx(want, rel=1e-5), z  # no overlap
+    # with overlap, ZeRO-1/2's weight all-gather stays exposed: nothing is left to hide behind
+    for z in (1, 2):
+        s = make_strategy(dp=8, micro_batch_size=1, num_microbatches=4, zero_stage=z)
+        assert float(STEP(m, A100.spec, c, s).dp_comm_exposed_s) >= ring * (1 - 1e-5)
