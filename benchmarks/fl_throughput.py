@@ -181,7 +181,11 @@ def sharded_rates(tasks: dict, rounds: int, scale: bool) -> tuple[int, dict]:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={cores}")
     cmd = [sys.executable, __file__, "--child", "--rounds", str(rounds), "--tasks", ",".join(
         str(i) for i, name in enumerate(TASKS) if name in tasks)] + ([] if scale else ["--skip-scale"])
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:  # report and carry on with the one-device columns
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"sharded child process failed (exit {out.returncode}): {tail}")
+        return cores, {}
     return cores, json.loads(out.stdout.strip().splitlines()[-1])
 
 
