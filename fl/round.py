@@ -13,8 +13,8 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
    equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
    ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,
    with masks for shorter clients (each iteration also computes the next step's batch positions,
-   carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts the few longest clients of a heavy-tailed
-   cohort into small chunks, so that they do not make hundreds of short clients run masked steps;
+   carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts
+   the few longest clients of a heavy-tailed cohort into small chunks, so that they do not make hundreds of short clients run masked steps;
    the client axis is sharded over ``mesh`` when one is given;
 4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
    transformation, and updates SCAFFOLD's control variates for the whole population.
@@ -283,7 +283,7 @@ def make_round(spec: RoundSpec):
                 correction=correction,
             )
             tasks = _shard(spec, tasks)
-            keys = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(tasks.key, tasks.n)
+            table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(tasks.key, tasks.n)
             st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
             st0 = _shard(spec, st0)
             mu = hyper.mu if alg.proximal else jnp.zeros(())
@@ -292,10 +292,10 @@ def make_round(spec: RoundSpec):
 
             def loop(s, carry):  # the next step's batch is computed one step ahead (train_step)
                 st, slots, mask = carry
-                ahead = batch_all(local, s + 1, tasks, keys)
+                ahead = batch_all(local, s + 1, tasks, table)
                 return train_all(local, st, s, tasks, slots, mask, g, mu, inputs.data), *ahead
 
-            carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, keys))
+            carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, table))
             st, _, _ = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, carry0)
             delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
             if alg.dp:
