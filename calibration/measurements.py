@@ -14,7 +14,7 @@ Unknown columns pass through unchanged. Every bad cell is reported as ``FILE:ROW
 = V: expected ...``; all of them are collected into one :class:`~perfmodel.errors.AisimError`
 (first line a summary), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
 are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
-turns blanks into NaN), ``sequence_parallel`` the nullable ``boolean``.
+turns blanks into NaN), ``sequence_parallel`` and ``dp_overlap`` the nullable ``boolean``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "interleave": ("pipeline_interleaving", "num_model_chunks"),
     "recompute": ("recompute_mode", "grad_checkpoint"),
     "sequence_parallel": (),
+    "dp_overlap": ("overlap_grad_reduce",),
     "zero_stage": (),
     "dtype": ("precision",),
     "step_time_s": ("latency", "measured_iteration_time_s", "avg_duration"),
@@ -70,6 +71,7 @@ POSITIVE_INT = (
     "micro_batch_size", "num_microbatches", "interleave",
 )  # fmt: skip
 POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
+BOOLEAN = ("sequence_parallel", "dp_overlap")
 MEASURED = ("step_time_s", "throughput_samples_per_s")
 DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
 
@@ -267,18 +269,20 @@ def normalise_measurements(
         out["recompute"] = _choice(df["recompute"], "recompute", problems,
                                    lambda s: s if s in RECOMPUTE else None,
                                    "one of none, selective, full")  # fmt: skip
-    if "sequence_parallel" in df.columns:
+    for col in BOOLEAN:
+        if col not in df.columns:
+            continue
         vals: list[Any] = []
-        for i, v in enumerate(df["sequence_parallel"]):
+        for i, v in enumerate(df[col]):
             if _blank(v):
                 vals.append(pd.NA)
                 continue
             try:
                 vals.append(_as_bool(v))
             except ValueError:
-                problems.add(i, "sequence_parallel", v, "yes/no, true/false or 1/0")
+                problems.add(i, col, v, "yes/no, true/false or 1/0")
                 vals.append(pd.NA)
-        out["sequence_parallel"] = pd.array(vals, dtype="boolean")
+        out[col] = pd.array(vals, dtype="boolean")
 
     _derive_parallel(out, problems)
     _check_rows(out, problems, purpose)

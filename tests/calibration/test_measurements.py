@@ -10,6 +10,7 @@ import pytest
 
 from calibration import measurements as meas
 from calibration.measurements import data_path, load_measurements, normalise_measurements
+from calibration.objective import resolve_rows, row_strategy
 from perfmodel.errors import AisimError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -138,6 +139,19 @@ def test_aliases_case_insensitive_and_colossal_spellings(tmp_path, presets):
     assert df["micro_batch_size"].tolist() == [2, 2]
     assert df["has_measurement"].tolist() == [True, False]
     assert df["my_note"].iloc[0] == "hello"
+
+
+def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
+    # a plain 'no' must not become bool("no") == True: the fit would overlap the DP reduction
+    p = write(tmp_path, "model,hardware,num_gpus,batch_size,throughput,dp_overlap\n"
+              "gpt2,h200,2,8,2,no\ngpt2,h200,2,8,2,Yes\ngpt2,h200,2,8,2,\n")  # fmt: skip
+    df = load_measurements(p, purpose="fit")
+    assert df["dp_overlap"].tolist()[:2] == [False, True] and df["dp_overlap"].isna().iloc[2]
+    strategies = [row_strategy(rc) for rc in resolve_rows(df)]
+    assert [float(s.dp_overlap) for s in strategies] == [0.0, 1.0, 1.0]  # blank: the default, overlap
+    bad = write(tmp_path, "model,hardware,num_gpus,overlap_grad_reduce\ngpt2,h200,2,sometimes\n", "bad.csv")
+    with pytest.raises(AisimError, match=r"bad.csv:1: field 'dp_overlap' = 'sometimes': expected yes/no"):
+        load_measurements(bad)
 
 
 def test_num_gpus_derived_from_degrees(tmp_path, presets):
