@@ -14,8 +14,9 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
    ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,
    with masks for shorter clients (each iteration also computes the next step's batch positions,
    carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts
-   the few longest clients of a heavy-tailed cohort into small chunks, so that they do not make hundreds of short clients run masked steps;
-   the client axis is sharded over ``mesh`` when one is given;
+   the few longest clients of a heavy-tailed cohort into small chunks, so that they do not make
+   hundreds of short clients run masked steps; the client axis is sharded over ``mesh`` when one
+   is given;
 4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
    transformation, and updates SCAFFOLD's control variates for the whole population.
 """
