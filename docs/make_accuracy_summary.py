@@ -28,6 +28,9 @@ sys.path.insert(0, str(ROOT / "docs"))
 import make_accuracy_table  # noqa: E402
 import make_distir_table  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests" / "perfmodel"))
+import test_bigscience176b as bigsci  # noqa: E402  (the two published rows and how they ran)
+
 NARAYANAN_TFLOPS = 140.0  # Narayanan et al. SC21, §5.1: GPT-3 175B on 1024 A100-80GB, batch 1536
 
 
@@ -92,6 +95,18 @@ def narayanan() -> list[str]:
     return out
 
 
+def bigscience() -> list[str]:
+    src, test = "BigScience, BLOOM topology search (2022-02-28)", "tests/perfmodel/test_bigscience176b.py"
+    flops = float(gpt_training_flops(bigsci.BLOOM.spec, bigsci.GBS, 1.0))
+    out = []
+    for (dp, tp, pp), (_, measured) in bigsci.MEASURED.items():
+        tf = flops / float(bigsci._predict(dp, tp, pp).step_time_s) / bigsci.GPUS / 1e12
+        what = (f"176B on 384 A100-80GB, dp {dp} tp {tp} pp {pp}, ZeRO-1, mbs 2 (eq. 3 TFLOP/s per GPU; "
+                "another cluster's network)")
+        out.append(_row(src, what, f"{measured:.2f}", f"{tf:.1f}", f"{100 * (tf / measured - 1):+.1f}%", test))
+    return out
+
+
 def distir() -> list[str]:
     rows = make_distir_table.rows()
     series = [r for r in rows if r["file"] == "seed_distir_vs_colossal.csv" and r["kind"] == "simulated"]
@@ -149,7 +164,7 @@ def collab() -> list[str]:
 def main() -> None:
     print("| source | what | published | aisim | error | checked by |")
     print("| --- | --- | ---: | ---: | --- | --- |")
-    for part in (korthikanti, narayanan, distir, colossal_readme, collab):
+    for part in (korthikanti, narayanan, bigscience, distir, colossal_readme, collab):
         for line in part():
             print(line)
 
