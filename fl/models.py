@@ -4,6 +4,8 @@ Contract: :func:`make_model` returns a :class:`Model` whose ``apply(params, x)``
 ``[batch *features]`` to ``[batch classes]`` logits, with its parameter count, float32 bytes and
 analytical training FLOPs per sample (forward + backward = 3 × forward, the usual 2:1 backward to
 forward ratio; for dense layers this is 6 FLOPs per weight per sample, Kaplan et al. 2020).
+Every dense layer multiplies through :func:`dense_dot_general`, which computes a small batch's
+kernel gradient as a sum of outer products (same values, a faster vmapped round on XLA:CPU).
 """
 
 from __future__ import annotations
@@ -15,12 +17,65 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Float
 
 from perfmodel.errors import AisimError, suggest
 
 MODELS = ("logreg", "mlp", "2nn", "cnn")
 DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn"}
+
+
+# Up to this many rows (a local batch), a dense layer's kernel gradient is a sum of outer products.
+OUTER_PRODUCT_MAX_ROWS = 32
+
+
+@jax.custom_vjp
+def _small_batch_matmul(x: Float[Array, "batch fan_in"], w: Float[Array, "fan_in fan_out"]):
+    return x @ w
+
+
+def _small_batch_matmul_fwd(x, w):
+    return x @ w, (x, w)
+
+
+def _small_batch_matmul_bwd(res, g):
+    # x^T g written as one outer product per row: vmapped over clients, XLA:CPU lowers x^T g to
+    # one small library matmul per client, while these rows fuse into a single elementwise loop
+    # (measured: 3.3 -> 0.4 us per client for FedProx's 60 x 10 logistic regression at B = 10).
+    x, w = res
+    dw = x[0, :, None] * g[0, None, :]
+    for i in range(1, x.shape[0]):
+        dw = dw + x[i, :, None] * g[i, None, :]
+    return g @ w.T, dw
+
+
+_small_batch_matmul.defvjp(_small_batch_matmul_fwd, _small_batch_matmul_bwd)
+
+
+def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """``lax.dot_general`` for ``nn.Dense``, with a small batch's kernel gradient as outer products.
+
+    A ``[batch fan_in] @ [fan_in fan_out]`` product with at most :data:`OUTER_PRODUCT_MAX_ROWS`
+    rows has the same value and gradients as ``lax.dot_general``, but its kernel gradient is
+    ``sum_i outer(x_i, g_i)``; anything else (evaluation batches, other contractions) is
+    ``lax.dot_general`` itself.
+    """
+    (l_con, r_con), (l_bat, r_bat) = dimension_numbers
+    if (
+        lhs.ndim == 2 and rhs.ndim == 2 and tuple(l_con) == (1,) and tuple(r_con) == (0,)
+        and not l_bat and not r_bat and lhs.shape[0] <= OUTER_PRODUCT_MAX_ROWS
+        and precision is None and preferred_element_type is None
+    ):
+        return _small_batch_matmul(lhs, rhs)
+    return lax.dot_general(
+        lhs, rhs, dimension_numbers, precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+
+
+def _dense(features: int) -> nn.Dense:
+    return nn.Dense(features, dot_general=dense_dot_general)
 
 
 class LogReg(nn.Module):
@@ -30,7 +85,7 @@ class LogReg(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+        return _dense(self.num_classes)(x.reshape((x.shape[0], -1)))
 
 
 class MLP(nn.Module):
@@ -43,8 +98,8 @@ class MLP(nn.Module):
     def __call__(self, x):
         x = x.reshape((x.shape[0], -1))
         for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(self.num_classes)(x)
+            x = nn.relu(_dense(h)(x))
+        return _dense(self.num_classes)(x)
 
 
 class CNN(nn.Module):
@@ -59,8 +114,8 @@ class CNN(nn.Module):
         for feat in (32, 64):
             x = nn.relu(nn.Conv(feat, (5, 5), padding="SAME")(x))
             x = nn.max_pool(x, (2, 2), (2, 2), padding="SAME")
-        x = nn.relu(nn.Dense(512)(x.reshape((x.shape[0], -1))))
-        return nn.Dense(self.num_classes)(x)
+        x = nn.relu(_dense(512)(x.reshape((x.shape[0], -1))))
+        return _dense(self.num_classes)(x)
 
 
 @dataclasses.dataclass(frozen=True)
