@@ -11,7 +11,8 @@ aisim's round ``r`` samples), with the same model, data and number of local step
 
 The baseline loops over clients in Python and calls one jitted SGD step per batch, as FedJAX's
 ``fedavg`` does: numpy shuffles and gathers the batch, and the weighted update is accumulated
-with jax ops. Both sides are warm (compiled before timing); each is timed twice, interleaved,
+with jax ops. It trains the same model and parameters with flax's default Dense gradient, its
+faster setting for an unbatched step. Both sides are warm (compiled before timing); each is timed twice, interleaved,
 and the faster of its two timings is reported, because the machine is shared.
 
 On a CPU with several cores, a child process repeats the vmapped side with one host device per
@@ -43,7 +44,7 @@ import optax
 
 from fl import round as rnd
 from fl.config import ExperimentConfig
-from fl.models import cross_entropy
+from fl.models import cross_entropy, make_model
 from fl.simulation import Built, build
 
 
@@ -73,8 +74,13 @@ def cohorts(b: Built, rounds: int) -> list[tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def make_loop(b: Built):
-    """FedJAX-style round: per client, per batch, one jitted step called from Python."""
-    model, cfg = b.model, b.cfg
+    """FedJAX-style round: per client, per batch, one jitted step called from Python.
+
+    The model is aisim's, with flax's default Dense kernel gradient (``outer_product_grad=False``):
+    for one client's unbatched step it is as fast or faster (digits MLP: 111 against 145 us)."""
+    cfg = b.cfg
+    model = make_model(b.model.name, b.data.input_shape, b.data.num_classes,
+                       outer_product_grad=False)
     opt = optax.sgd(cfg.lr)
     x_pool, y_pool = np.asarray(b.data.x_train), np.asarray(b.data.y_train)
     pop = b.data.population
