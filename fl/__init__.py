@@ -7,7 +7,8 @@ Public API (everything else is internal):
   :func:`iid`, :func:`dirichlet`, :func:`shards`, :func:`quantity`.
 - models: :func:`make_model`, :class:`Model`.
 - algorithms: :func:`make_algorithm`, :class:`Algorithm` (server optimiser = any optax transform).
-- engine: :func:`make_round`, :func:`plan_cohort`, :class:`RoundSpec`, :class:`ServerState`,
+- engine: :func:`make_round`, :func:`plan_cohort`, :func:`sample_uniform`, :class:`RoundSpec`,
+  :class:`ServerState`,
   ``fl.local_update.local_update`` (one-client reference), :func:`client_time_s`, :func:`draw_systems`.
 - privacy: :func:`epsilon`, :func:`rdp_sampled_gaussian`.
 - runs: :class:`ExperimentConfig`, :func:`simulate`, :class:`SimulationResult`,
@@ -21,6 +22,7 @@ from fl.models import Model, make_model
 from fl.partition import Population, dirichlet, iid, quantity, shards
 from fl.privacy import epsilon, rdp_sampled_gaussian
 from fl.round import RoundSpec, ServerState, make_round, plan_cohort
+from fl.sampling import sample_uniform
 from fl.server import Algorithm, make_algorithm
 from fl.simulation import SimulationResult, simulate
 from fl.systems import client_time_s, draw_systems
@@ -29,6 +31,7 @@ __all__ = [
     "Algorithm", "ExperimentConfig", "FederatedData", "Model", "Population", "RoundSpec",
     "ServerState", "SimulationResult", "client_time_s", "digits", "dirichlet", "draw_systems",
     "epsilon", "iid", "load", "make_algorithm", "make_model", "make_round",
-    "mnist", "plan_cohort", "quantity", "rdp_sampled_gaussian", "shards", "simulate",
+    "mnist", "plan_cohort", "quantity", "rdp_sampled_gaussian", "sample_uniform", "shards",
+    "simulate",
     "synthetic", "synthetic_population", "train_centralised",
 ]

@@ -41,7 +41,7 @@ def _loop_round(b, state):
 
 @pytest.mark.parametrize("chunk,clients", [(8, 40), (3, 40), (8, 200)])
 def test_vmapped_round_equals_python_loop(chunk, clients, build_factory, rechunk):
-    # 200 clients for a cohort of 8 is above rnd.SPARSE_SAMPLING_RATIO: deduplicated draws.
+    # 200 clients for a cohort of 8 is above fl.sampling.SPARSE_SAMPLING_RATIO: deduplicated draws.
     b = rechunk(build_factory(stragglers=0.5, algorithm="fedprox", mu=0.1, clients=clients), chunk)
     state = b.init_state
     expected, plan = _loop_round(b, state)
