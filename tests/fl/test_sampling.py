@@ -55,12 +55,15 @@ def test_sparse_regime_falls_back_when_draws_repeat(monkeypatch):
     # With no margin for repeats, some keys' draws repeat: those take Gumbel-top-k's sample.
     monkeypatch.setattr(sampling, "_num_draws", lambda n, m: m)
     n, m = 170, 10
-    seen = set()
-    for seed in range(40):
-        key = jax.random.key(seed)
+    keys = jax.random.split(jax.random.key(5), 40)
+
+    def reference(key):
         k_draw, k_fallback = jax.random.split(key)
         ids, enough = sampling._distinct_draws(k_draw, n, m, m)
-        want = ids if bool(enough) else jax.lax.top_k(jax.random.gumbel(k_fallback, (n,)), m)[1]
-        np.testing.assert_array_equal(sampling.sample_uniform(key, n, m), want)
-        seen.add(bool(enough))
-    assert seen == {True, False}
+        fallback = jax.lax.top_k(jax.random.gumbel(k_fallback, (n,)), m)[1]
+        return jnp.where(enough, ids, fallback), enough
+
+    want, enough = jax.jit(jax.vmap(reference))(keys)
+    got = jax.jit(jax.vmap(lambda k: sampling.sample_uniform(k, n, m)))(keys)
+    np.testing.assert_array_equal(got, want)
+    assert set(np.asarray(enough).tolist()) == {True, False}
