@@ -12,8 +12,9 @@ aisim's round ``r`` samples), with the same model, data and number of local step
 The baseline loops over clients in Python and calls one jitted SGD step per batch, as FedJAX's
 ``fedavg`` does: numpy shuffles and gathers the batch, and the weighted update is accumulated
 with jax ops. It trains the same model and parameters with flax's default Dense gradient, its
-faster setting for an unbatched step. Both sides are warm (compiled before timing); each is timed twice, interleaved,
-and the faster of its two timings is reported, because the machine is shared.
+faster setting for an unbatched step. Both sides are warm (compiled before timing); each is
+timed twice, interleaved, and the faster of its two timings is reported, because the machine is
+shared.
 
 On a CPU with several cores, a child process repeats the vmapped side with one host device per
 core (``--xla_force_host_platform_device_count``), so that the round shards the client axis over

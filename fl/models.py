@@ -4,8 +4,9 @@ Contract: :func:`make_model` returns a :class:`Model` whose ``apply(params, x)``
 ``[batch *features]`` to ``[batch classes]`` logits, with its parameter count, float32 bytes and
 analytical training FLOPs per sample (forward + backward = 3 × forward, the usual 2:1 backward to
 forward ratio; for dense layers this is 6 FLOPs per weight per sample, Kaplan et al. 2020).
-Every dense layer multiplies through :func:`dense_dot_general`, which computes a small batch's
-kernel gradient as a sum of outer products (same values, a faster vmapped round on XLA:CPU).
+By default every dense layer multiplies through :func:`dense_dot_general`, which computes a small
+batch's kernel gradient as a sum of outer products (same values, a faster vmapped round on
+XLA:CPU); ``outer_product_grad=False`` keeps flax's own ``lax.dot_general``.
 """
 
 from __future__ import annotations
