@@ -80,6 +80,17 @@ def narayanan() -> list[str]:
              f"LOO mean {r.cv_mape_pct:.2f}%, max {np.abs(r.cv_error_pct).max():.2f}%; in-sample mean "
              f"{r.in_sample_mape_pct:.2f}%, max {r.in_sample_max_error_pct:.2f}%", "tests/calibration/test_narayanan2021.py"),
     ]
+    # Korthikanti et al. 2022's GPT-3 175B run with full recomputation, predicted from the Table 1 fit
+    k = load_measurements(ROOT / "calibration" / "data" / "korthikanti2022_table5_iteration_time.csv", purpose="fit")
+    i = k.index[(k["model"] == "gpt3-175b") & (k["recompute"] == "full")][0]
+    krow = resolve_rows(k.loc[[i]])[0]
+    kt = float(k.loc[i, "measured_step_time_s"])
+    kp = float(np.asarray(predicted_step_time_s(build_batch([krow]), r.constants))[0])
+    ktf = float(gpt_training_flops(m.spec, krow.knobs["global_batch_size"], 1.0)) / krow.knobs["num_gpus"] / kt / 1e12
+    out.append(_row("Korthikanti et al. 2022, Table 5",
+                    f"GPT-3 175B, 64 A100, full recomputation, tp 8 pp 8 v 3 ({ktf:.1f} TFLOP/s by eq. 3), "
+                    "predicted from the Table 1 fit (held out)", f"{kt:.2f} s", f"{kp:.2f} s",
+                    f"{100 * (kp / kt - 1):+.1f}%", "tests/calibration/test_narayanan2021.py"))
     src = "Narayanan et al. SC21, §5.1"
     for label, c, test in (("", hw.constants, "tests/perfmodel/test_grid.py"),
                            (", calibrated on Table 1", r.constants, "tests/calibration/test_narayanan2021.py")):
