@@ -48,7 +48,7 @@ def test_the_grid_finds_nvidias_recipe(hardware, slack):
     # the recipe itself (v 12, micro-batch 1) fits and is within a few % of the best
     out = step_time(s, hw.spec, hw.constants, make_strategy(**RECIPE))
     assert bool(out.fits_memory)
-    assert float(out.step_time_s) <= float(best["step_time_s"]) * (1 + slack)  # measured: 1.6%, 3.5%
+    assert float(out.step_time_s) <= float(best["step_time_s"]) * (1 + slack)  # measured: 1.5%, 3.5%
     # and the paper's tp 8, pp 16 layout, with the same features, is slower than the recipe
     paper = make_strategy(**{**RECIPE, "dp": 8, "tp": 8, "pp": 16, "num_microbatches": 256,
                              "interleave": 6})
