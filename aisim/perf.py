@@ -36,7 +36,8 @@ def estimate_one(
     hardware_file: Path | None = None, gpus: int = 8, gpus_per_node: int | None = None, tp: int = 1,
     pp: int = 1, global_batch: int | None = None, micro_batch: int = 1, schedule: str | None = None,
     interleave: int = 1, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
-    dtype: str = "bf16", dp_overlap: bool = True, profile: Path | None = None, cost_model: str = "aisim",
+    dtype: str = "bf16", dp_overlap: bool = True, fused_attention: bool = False, profile: Path | None = None,
+    cost_model: str = "aisim",
 ) -> dict:
     """The ``aisim perf estimate --json`` document for one strategy (library entry point)."""
     m = resolve_model(model, model_file=model_file, params=params, widths=widths, layers=layers, hidden=hidden,
@@ -53,7 +54,8 @@ def estimate_one(
         num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size), num_gpus=gpus, tp=tp, pp=pp,
         global_batch=global_batch, micro_batch_size=micro_batch, schedule=schedule, interleave=interleave,
         zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dtype,
-        dp_overlap=dp_overlap, gpus_per_node=gpn, tp_rule="distir" if cost_model == "distir" else "divides",
+        dp_overlap=dp_overlap, fused_attention=fused_attention, gpus_per_node=gpn,
+        tp_rule="distir" if cost_model == "distir" else "divides",
         names={"tp": "--tp", "pp": "--pp", "num_gpus": "--gpus", "global_batch": "--global-batch",
                "micro_batch_size": "--micro-batch", "interleave": "--interleave", "zero_stage": "--zero"},
     )
@@ -96,6 +98,7 @@ def estimate(
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3.")] = 0,
     dtype: Annotated[str, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = "bf16",
     dp_overlap: Annotated[bool, typer.Option("--dp-overlap/--no-dp-overlap", help="Overlap the DP gradient reduction with the backward pass.")] = True,
+    fused_attention: Annotated[bool, typer.Option("--fused-attention/--no-fused-attention", help="A fused attention kernel (FlashAttention): no s x s scores stored or written.")] = False,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
@@ -109,7 +112,8 @@ def estimate(
             seq_len=seq_len, vocab=vocab, hardware=hardware, hardware_file=hardware_file, gpus=gpus,
             gpus_per_node=gpus_per_node, tp=tp, pp=pp, global_batch=global_batch, micro_batch=micro_batch,
             schedule=schedule, interleave=interleave, recompute=recompute, sequence_parallel=sequence_parallel,
-            zero=zero, dtype=dtype, dp_overlap=dp_overlap, profile=profile, cost_model=cost_model,
+            zero=zero, dtype=dtype, dp_overlap=dp_overlap, fused_attention=fused_attention,
+            profile=profile, cost_model=cost_model,
         )
         if json_out:
             print_json(doc)
@@ -122,7 +126,8 @@ def print_estimate(doc: dict) -> None:
     title = (f"{doc['model']} on {doc['num_gpus']} x {doc['hardware']}: dp={doc['dp']} tp={doc['tp']} "
              f"pp={doc['pp']} mbs={doc['micro_batch_size']} m={doc['num_microbatches']} "
              f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
-             f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']} [{doc['cost_model']}]")
+             f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']}"
+             + (" fused-attention" if doc.get("fused_attention") else "") + f" [{doc['cost_model']}]")
     console.print(title, highlight=False)
     t = Table()
     t.add_column("term")

@@ -87,7 +87,7 @@ def _distir_grid(num_gpus: list[int], global_batch: list[int], knobs: dict, gpn:
     from perfmodel.distir import distir_grid_columns
 
     defaults = dict(interleave=1, schedule=1, zero_stage=0, recompute=0, sequence_parallel=0,
-                    dtype=DTYPES.index("bf16"), dp_overlap=1, gpus_per_node=gpn)
+                    dtype=DTYPES.index("bf16"), dp_overlap=1, fused_attention=0, gpus_per_node=gpn)
     parts = []
     for n in num_gpus:
         for b in global_batch:
@@ -121,7 +121,8 @@ def run_grid(
     """Searches every (model, hardware) pair and returns ``(json_doc, all_feasible, results)``.
 
     ``knobs`` holds the restricted axes (``tp``, ``pp``, ``micro_batch``, ``schedule``,
-    ``interleave``, ``zero``, ``recompute``, ``sequence_parallel``, ``dtype``, ``dp_overlap``;
+    ``interleave``, ``zero``, ``recompute``, ``sequence_parallel``, ``dtype``, ``dp_overlap``,
+    ``fused_attention``;
     ``None`` = every valid value). ``all_feasible`` is every feasible strategy (``want_all``).
 
     Raises:
@@ -176,7 +177,8 @@ def run_grid(
                     micro_batch=knobs.get("micro_batch"), schedule=knobs.get("schedule"),
                     interleave=knobs.get("interleave"), zero=knobs.get("zero"), recompute=knobs.get("recompute"),
                     sequence_parallel=knobs.get("sequence_parallel"), dtype=knobs.get("dtype"),
-                    dp_overlap=knobs.get("dp_overlap"), allow_cross_node_tp=allow_cross_node_tp,
+                    dp_overlap=knobs.get("dp_overlap"), fused_attention=knobs.get("fused_attention"),
+                    allow_cross_node_tp=allow_cross_node_tp,
                     supported_dtypes=supported)
             r = srch.search(spec, hw.spec, consts, grid, step_fn=step_fn, k=top, rank_by=rank_by)
             results.append((m, hw, r))
@@ -243,7 +245,8 @@ def strategy_label(r: dict) -> str:
     sched = r["schedule"] + (f" v{r['interleave']}" if r["interleave"] > 1 else "")
     return (f"dp{r['dp']} tp{r['tp']} pp{r['pp']} mbs{r['micro_batch_size']} m{r['num_microbatches']} {sched} "
             f"zero{r['zero_stage']} {r['recompute']}" + (" sp" if r["sequence_parallel"] else "")
-            + (f" {r['dtype']}" if r["dtype"] != "bf16" else "") + ("" if r["dp_overlap"] else " no-overlap"))
+            + (f" {r['dtype']}" if r["dtype"] != "bf16" else "") + ("" if r["dp_overlap"] else " no-overlap")
+            + (" fa" if r.get("fused_attention") else ""))
 
 
 def _print_wide(table: Table) -> None:
@@ -394,6 +397,7 @@ def grid_command(
     zero: Annotated[Multi, typer.Option(help="ZeRO stages 0-3 to try (default all).")] = None,
     dtype: Annotated[Multi, typer.Option(help="fp32, tf32, bf16, fp16, fp8 (default bf16).")] = None,
     dp_overlap: Annotated[Multi, typer.Option("--dp-overlap", help="Overlap the DP gradient reduction with the backward pass: on, off or both (default on).")] = None,
+    fused_attention: Annotated[Multi, typer.Option("--fused-attention", help="A fused attention kernel (FlashAttention) that keeps no s x s scores: on, off or both (default off).")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp", help="Let tp span nodes.")] = False,
     top: Annotated[int, typer.Option(help="How many of the best strategies to show.")] = 10,
     rank_by: Annotated[str, typer.Option("--rank-by", help="throughput (tokens/s), cost ($ per million tokens) or mfu.")] = "throughput",
@@ -419,6 +423,7 @@ def grid_command(
                                            {"true": "full", "false": "none", "yes": "full", "no": "none"}),
             sequence_parallel=_bools(sequence_parallel, "--sequence-parallel"),
             dtype=_choices(dtype, "--dtype", DTYPES), dp_overlap=_bools(dp_overlap, "--dp-overlap"),
+            fused_attention=_bools(fused_attention, "--fused-attention"),
         )
         doc, all_df, _ = run_grid(
             models=_split(model), model_file=model_file, params=params, layers=layers, hidden=hidden,

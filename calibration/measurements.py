@@ -14,7 +14,8 @@ Unknown columns pass through unchanged. Every bad cell is reported as ``FILE:ROW
 = V: expected ...``; all of them are collected into one :class:`~perfmodel.errors.AisimError`
 (first line a summary), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
 are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
-turns blanks into NaN), ``sequence_parallel`` and ``dp_overlap`` the nullable ``boolean``.
+turns blanks into NaN), ``sequence_parallel``, ``dp_overlap`` and ``fused_attention`` the nullable
+``boolean``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "recompute": ("recompute_mode", "grad_checkpoint"),
     "sequence_parallel": (),
     "dp_overlap": ("overlap_grad_reduce",),
+    "fused_attention": ("flash_attention", "use_flash_attn"),
     "zero_stage": (),
     "dtype": ("precision",),
     "step_time_s": ("latency", "measured_iteration_time_s", "avg_duration"),
@@ -71,7 +73,7 @@ POSITIVE_INT = (
     "micro_batch_size", "num_microbatches", "interleave",
 )  # fmt: skip
 POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
-BOOLEAN = ("sequence_parallel", "dp_overlap")
+BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention")
 MEASURED = ("step_time_s", "throughput_samples_per_s")
 DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
 

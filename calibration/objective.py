@@ -149,7 +149,8 @@ def resolve_rows(df: pd.DataFrame, hardware: str | None = None) -> list[RowConfi
         knobs = {k: _val(row, k) for k in ("dp", "tp", "pp", "num_gpus", "global_batch_size",
                                            "micro_batch_size", "num_microbatches", "interleave",
                                            "recompute", "sequence_parallel", "zero_stage", "dtype",
-                                           "gpus_per_node", "schedule", "dp_overlap")}
+                                           "gpus_per_node", "schedule", "dp_overlap",
+                                           "fused_attention")}
         knobs["_blank"] = tuple(k for k in SEARCHABLE if k in row.index and knobs[k] is None)
         out.append(RowConfig(model=_model_of(row, where, models), hardware=hws[hw_name], knobs=knobs,
                              where=where))
@@ -208,7 +209,7 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
         interleave=interleave, zero_stage=int(k["zero_stage"] or 0),
         recompute=str(k["recompute"] or "none"), sequence_parallel=bool(k["sequence_parallel"] or False),
         dtype=str(k["dtype"] or "bf16"), dp_overlap=True if k["dp_overlap"] is None else bool(k["dp_overlap"]),
-        gpus_per_node=int(gpn), where=rc.where,
+        fused_attention=bool(k["fused_attention"] or False), gpus_per_node=int(gpn), where=rc.where,
         names={"tp": "tp", "pp": "pp", "num_gpus": "num_gpus", "global_batch": "global_batch_size",
                "micro_batch_size": "micro_batch_size", "interleave": "interleave", "dp": "dp",
                "num_microbatches": "num_microbatches", "zero_stage": "zero_stage"},

@@ -164,7 +164,7 @@ def _local_strategy(site: Site, pp, num_microbatches, gpus_per_node) -> Strategy
                     num_microbatches=num_microbatches, interleave=one,
                     schedule=jnp.asarray(float(SCHEDULES.index("1f1b")), jnp.float32),
                     zero_stage=0.0 * one, recompute=0.0 * one, sequence_parallel=0.0 * one,
-                    dtype=site.dtype, dp_overlap=one, gpus_per_node=gpus_per_node)
+                    dtype=site.dtype, dp_overlap=one, fused_attention=0.0 * one, gpus_per_node=gpus_per_node)
 
 
 def local_step_s(m: ModelSpec, site: Site) -> Float[Array, ""]:

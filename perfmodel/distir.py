@@ -155,10 +155,10 @@ def distir_validity(m: ModelSpec, s: Strategy):
 
 def plain_strategy(s: Strategy) -> Strategy:
     """The strategy as DistIR models it: no ZeRO, recomputation, sequence parallelism,
-    interleaving or DP overlap; the 1F1B schedule."""
+    interleaving, DP overlap or fused attention; the 1F1B schedule."""
     zero = jnp.zeros_like(s.dp)
     return dataclasses.replace(s, zero_stage=zero, recompute=zero, sequence_parallel=zero,
-                               dp_overlap=zero, interleave=jnp.ones_like(s.dp),
+                               dp_overlap=zero, fused_attention=zero, interleave=jnp.ones_like(s.dp),
                                schedule=jnp.full_like(s.dp, float(SCHEDULES.index("1f1b"))))
 
 
@@ -267,7 +267,7 @@ def distir_grid_columns(num_gpus: int, global_batch: int) -> dict[str, np.ndarra
     rows = len(dp)
     const = dict(interleave=1, schedule=SCHEDULES.index("1f1b"), zero_stage=0, recompute=0,
                  sequence_parallel=0, dtype=DTYPES.index(DEFAULT_DTYPE), dp_overlap=0,
-                 gpus_per_node=int(num_gpus))
+                 fused_attention=0, gpus_per_node=int(num_gpus))
     cols = dict(dp=dp, tp=tp, pp=pp, micro_batch_size=B // np.maximum(dp * k, 1), num_microbatches=k)
     cols.update({name: np.full(rows, v, np.int64) for name, v in const.items()})
     return {name: cols[name].astype(np.float32) for name in KNOBS}

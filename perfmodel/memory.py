@@ -64,7 +64,9 @@ def activation_bytes_per_layer(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
         width = (m.input_size + (m.num_layers - 1.0) * m.hidden_size) / m.num_layers
         return b * width * (act_b + 1.0) / t
     sbh = m.seq_len * b * m.hidden_size
-    attn = 5.0 * m.num_heads * m.seq_len / m.hidden_size
+    # the softmax output, its dropout mask and the dropout output (5·a·s/h per s·b·h); a fused
+    # attention kernel keeps none of them (only a row statistic of a·s·b floats, left out here)
+    attn = jnp.where(s.fused_attention > 0, 0.0, 5.0 * m.num_heads * m.seq_len / m.hidden_size)
     sp = s.sequence_parallel > 0
     none_ = jnp.where(sp, sbh * (34.0 + attn) / t, sbh * (10.0 + 24.0 / t + attn / t))
     selective = jnp.where(sp, sbh * 34.0 / t, sbh * (10.0 + 24.0 / t))

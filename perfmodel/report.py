@@ -39,6 +39,7 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     out["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
     out["dtype"] = np.asarray(DTYPES, dtype=object)[cols["dtype"].astype(int)]
     out["dp_overlap"] = cols["dp_overlap"].astype(bool)
+    out["fused_attention"] = cols["fused_attention"].astype(bool)
     out["global_batch_size"] = (cols["dp"] * cols["micro_batch_size"] * cols["num_microbatches"]).astype(np.int64)
     out["num_gpus"] = (cols["dp"] * cols["tp"] * cols["pp"]).astype(np.int64)
     return out
@@ -65,7 +66,7 @@ def row_to_result(row: pd.Series | dict) -> dict:
     doc["memory"] = {k: _py(r[f"memory_{k}"]) for k in MEMORY_KEYS}
     doc["memory"]["total_bytes"] = _py(r["memory_per_device_bytes"])
     for k in ("dp", "tp", "pp", "micro_batch_size", "num_microbatches", "interleave", "schedule",
-              "zero_stage", "recompute", "sequence_parallel", "dtype", "dp_overlap",
+              "zero_stage", "recompute", "sequence_parallel", "dtype", "dp_overlap", "fused_attention",
               "global_batch_size", "num_gpus", "gpus_per_node"):
         if k in r:
             doc[k] = _py(r[k])

@@ -135,13 +135,17 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     b, tp, pp, dp, mb = s.micro_batch_size, s.tp, s.pp, s.dp, s.num_microbatches
     v = jnp.where(s.schedule > 1.5, s.interleave, 1.0)
     full = s.recompute > 1.5
-    selective = (s.recompute > 0.5) & ~full
+    fused = s.fused_attention > 0
+    # selective recomputation redoes the attention core, which a fused kernel never stores
+    selective = (s.recompute > 0.5) & ~full & ~fused
 
     # ---- compute of the slowest stage for one microbatch (forward, backward = 2x, recompute)
-    ops = layer_forward_ops(m, b, tp, s.sequence_parallel, act_b)
+    ops = layer_forward_ops(m, b, tp, s.sequence_parallel, act_b, s.fused_attention)
     classes = (ops.qkv, ops.attention, ops.softmax, ops.proj, ops.mlp, ops.elementwise)
     fwd_layer = sum(t(op) for op in classes)
-    bwd_layer = sum(t(_scaled(op, 2.0)) for op in classes)
+    # a fused kernel's backward recomputes Q·Kᵀ: half of the attention's forward again
+    fa_redo = dataclasses.replace(_scaled(ops.attention, 0.5), kernels=jnp.zeros(()))
+    bwd_layer = sum(t(_scaled(op, 2.0)) for op in classes) + jnp.where(fused, t(fa_redo), 0.0)
     attn_core = t(ops.attention) + t(ops.softmax)  # what selective recomputation redoes
     layer_mb = fwd_layer + bwd_layer + jnp.where(full, fwd_layer, jnp.where(selective, attn_core, 0.0))
     logits_mm, xent = logits_forward_ops(m, b, tp, act_b)
@@ -222,7 +226,8 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     tokens = gbs * tokens_per_sample(m)
     model_flops = model_flops_per_step(m, gbs)
     fwd_flops_dev = sum(op.flops for op in classes)
-    hw_layer = 3.0 * fwd_flops_dev + jnp.where(full, fwd_flops_dev, jnp.where(selective, ops.attention.flops, 0.0))
+    hw_layer = (3.0 * fwd_flops_dev + jnp.where(full, fwd_flops_dev, jnp.where(selective, ops.attention.flops, 0.0))
+                + jnp.where(fused, fa_redo.flops, 0.0))
     hardware_flops = (m.num_layers * hw_layer + 3.0 * logits_mm.flops) * tp * mb * dp
     denom = total * gpus * nominal_peak
     mem = memory_per_device(m, s)

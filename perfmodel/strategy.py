@@ -24,7 +24,8 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 # keeps activations and gradients in 16-bit (Micikevicius et al. 2022, FP8 formats).
 ACT_BYTES = (4.0, 4.0, 2.0, 2.0, 2.0)
 KNOBS = ("dp", "tp", "pp", "micro_batch_size", "num_microbatches", "interleave", "schedule",
-         "zero_stage", "recompute", "sequence_parallel", "dtype", "dp_overlap", "gpus_per_node")
+         "zero_stage", "recompute", "sequence_parallel", "dtype", "dp_overlap", "fused_attention",
+         "gpus_per_node")
 
 
 @jax.tree_util.register_dataclass
@@ -43,6 +44,9 @@ class Strategy:
       sequence_parallel: 1 to shard norms/dropouts over tp (Korthikanti et al. 2022).
       dtype: index into :data:`DTYPES` (compute precision).
       dp_overlap: 1 to overlap the DP gradient reduction with the backward pass.
+      fused_attention: 1 for a fused attention kernel (FlashAttention, Dao et al. 2022): the
+        s × s scores stay on chip, so they are neither stored nor written to memory, and the
+        backward pass recomputes them.
       gpus_per_node: devices that share the intra-node tier.
     """
 
@@ -58,6 +62,7 @@ class Strategy:
     sequence_parallel: Float[Array, "*n"]
     dtype: Float[Array, "*n"]
     dp_overlap: Float[Array, "*n"]
+    fused_attention: Float[Array, "*n"]
     gpus_per_node: Float[Array, "*n"]
 
     @property
@@ -90,7 +95,8 @@ def make_strategy(
     *, dp: int = 1, tp: int = 1, pp: int = 1, micro_batch_size: int = 1,
     num_microbatches: int = 1, interleave: int = 1, schedule: str | int = "1f1b",
     zero_stage: int = 0, recompute: str | int = "none", sequence_parallel: bool = False,
-    dtype: str | int = "bf16", dp_overlap: bool = True, gpus_per_node: int = 8,
+    dtype: str | int = "bf16", dp_overlap: bool = True, fused_attention: bool = False,
+    gpus_per_node: int = 8,
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values (names are converted to codes)."""
     vals = dict(
@@ -98,7 +104,8 @@ def make_strategy(
         interleave=interleave, schedule=code_of(SCHEDULES, schedule, "schedule"),
         zero_stage=zero_stage, recompute=code_of(RECOMPUTE, recompute, "recompute"),
         sequence_parallel=float(bool(sequence_parallel)), dtype=code_of(DTYPES, dtype, "dtype"),
-        dp_overlap=float(bool(dp_overlap)), gpus_per_node=gpus_per_node,
+        dp_overlap=float(bool(dp_overlap)), fused_attention=float(bool(fused_attention)),
+        gpus_per_node=gpus_per_node,
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
@@ -119,7 +126,7 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "interleave": int(v["interleave"]), "schedule": SCHEDULES[int(v["schedule"])],
         "zero_stage": int(v["zero_stage"]), "recompute": RECOMPUTE[int(v["recompute"])],
         "sequence_parallel": bool(v["sequence_parallel"]), "dtype": DTYPES[int(v["dtype"])],
-        "dp_overlap": bool(v["dp_overlap"]),
+        "dp_overlap": bool(v["dp_overlap"]), "fused_attention": bool(v["fused_attention"]),
     }
 
 
@@ -128,7 +135,8 @@ def strategy_from_knobs(
     dp: int | None = None, global_batch: int | None = None, micro_batch_size: int = 1,
     num_microbatches: int | None = None, schedule: str | None = None, interleave: int = 1,
     zero_stage: int = 0, recompute: str = "none", sequence_parallel: bool = False,
-    dtype: str = "bf16", dp_overlap: bool = True, gpus_per_node: int = 8, where: str = "command line",
+    dtype: str = "bf16", dp_overlap: bool = True, fused_attention: bool = False, gpus_per_node: int = 8,
+    where: str = "command line",
     names: dict[str, str] | None = None, tp_rule: str = "divides",
 ) -> Strategy:
     """Validates user knobs and builds a :class:`Strategy` (dp = gpus / (tp·pp) when omitted).
@@ -192,7 +200,7 @@ def strategy_from_knobs(
                          num_microbatches=num_microbatches, interleave=interleave, schedule=code,
                          zero_stage=zero_stage, recompute=code_of(RECOMPUTE, recompute, "recompute", where),
                          sequence_parallel=sequence_parallel, dtype=code_of(DTYPES, dtype, "dtype", where),
-                         dp_overlap=dp_overlap, gpus_per_node=gpus_per_node)
+                         dp_overlap=dp_overlap, fused_attention=fused_attention, gpus_per_node=gpus_per_node)
 
 
 # ---------------------------------------------------------------- grid enumeration
@@ -269,7 +277,8 @@ def enumerate_strategies(
     schedule: list[str] | None = None, interleave: list[int] | None = None,
     zero: list[int] | None = None, recompute: list[str] | None = None,
     sequence_parallel: list[bool] | None = None, dtype: list[str] | None = None,
-    dp_overlap: list[bool] | None = None, allow_cross_node_tp: bool = False,
+    dp_overlap: list[bool] | None = None, fused_attention: list[bool] | None = None,
+    allow_cross_node_tp: bool = False,
     supported_dtypes: list[str] | None = None,
 ) -> StrategyGrid:
     """Every valid strategy for some GPU counts and global batches, built with numpy.
@@ -288,7 +297,8 @@ def enumerate_strategies(
     - ZeRO 0-3 (only the lowest listed stage when dp = 1), recompute none/selective/full,
       sequence parallelism on/off (off only when tp = 1), the dtypes and the DP overlap.
 
-    ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on).
+    ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on;
+    ``fused_attention``: off).
 
     Returns:
       A :class:`StrategyGrid`; ``rejected`` counts the pruned (dp, tp, pp) factorisations and
@@ -362,7 +372,8 @@ def enumerate_strategies(
     rows = _cross(rows, "zero_stage", z_l)
     rows = _keep(rows, (rows["dp"] > 1) | (rows["zero_stage"] == min(z_l)), rejected, None)
     r_l, _ = _as_list(recompute, RECOMPUTE)
-    rows = _cross(rows, "recompute", sorted({code_of(RECOMPUTE, x, "--recompute", "command line") for x in r_l}))
+    r_codes = sorted({code_of(RECOMPUTE, x, "--recompute", "command line") for x in r_l})
+    rows = _cross(rows, "recompute", r_codes)
     sp_l, _ = _as_list(sequence_parallel, (False, True))
     sp_codes = sorted({int(bool(x)) for x in sp_l})
     rows = _cross(rows, "sequence_parallel", sp_codes)
@@ -375,5 +386,9 @@ def enumerate_strategies(
         rows = _keep(rows, ok, rejected, "the dtype is not supported by the hardware")
     o_l, _ = _as_list(dp_overlap, (True,))
     rows = _cross(rows, "dp_overlap", sorted({int(bool(x)) for x in o_l}))
+    fa_l, _ = _as_list(fused_attention, (False,))
+    rows = _cross(rows, "fused_attention", sorted({int(bool(x)) for x in fa_l}))
+    if 0 in r_codes:  # a fused kernel stores no scores, so selective recomputation equals none
+        rows = _keep(rows, ~((rows["fused_attention"] == 1) & (rows["recompute"] == 1)), rejected, None)
     rows["gpus_per_node"] = np.full(len(rows["dp"]), gpus_per_node, np.int64)
     return StrategyGrid({k: rows[k].astype(np.float32) for k in KNOBS}, rejected)

@@ -270,13 +270,18 @@ def _op(flops, nbytes, kernels, tensor=True) -> OpClass:
                    kernels=jnp.asarray(kernels, _F), tensor=tensor)
 
 
-def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes) -> LayerOps:
+def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes,
+                      fused_attention=0.0) -> LayerOps:
     """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``).
 
     Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
     dropouts and residuals are replicated unless ``sequence_parallel`` (Korthikanti et al.
     2022 §4.2.2). Their traffic is 10 reads/writes of ``b·s·h`` (two layer norms and two fused
     bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an MLP, this is the average linear layer plus its ReLU.
+
+    With ``fused_attention`` (FlashAttention) the score tensor never reaches memory: attention
+    reads Q, K, V and writes its output in one kernel, and the softmax, mask and dropout happen
+    inside it (no separate kernels, no traffic; their few non-matmul FLOPs are not counted).
     """
     B, t, b = act_bytes, tp, micro_batch
     rep = jnp.where(sequence_parallel > 0, t, 1.0)
@@ -296,10 +301,11 @@ def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_byte
     T = b * s
     qo = _qkv_out(m)
     scores = b * (a / t) * s * s  # elements of the attention-score tensor per device
+    unfused = jnp.where(fused_attention > 0, 0.0, 1.0)
     return LayerOps(
         qkv=_op(2.0 * T * h * qo / t, B * (T * h + h * qo / t + T * qo / t), 1.0),
-        attention=_op(4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores), 2.0),
-        softmax=_op(5.0 * scores, B * 5.0 * scores, 2.0, tensor=False),
+        attention=_op(4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores * unfused), 1.0 + unfused),
+        softmax=_op(5.0 * scores * unfused, B * 5.0 * scores * unfused, 2.0 * unfused, tensor=False),
         proj=_op(2.0 * T * h * h / t, B * (T * h / t + h * h / t + T * h), 1.0),
         mlp=_op(2.0 * T * h * f * (g + 1.0) / t,
                 B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t), 2.0),

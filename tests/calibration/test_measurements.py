@@ -154,6 +154,15 @@ def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
         load_measurements(bad)
 
 
+def test_fused_attention_is_a_boolean_knob(tmp_path, presets):
+    # measured with FlashAttention: the column (or its alias) reaches the strategy; blank is off
+    p = write(tmp_path, "model,hardware,num_gpus,batch_size,throughput,flash_attention\n"
+              "gpt2,h200,2,8,2,yes\ngpt2,h200,2,8,2,no\ngpt2,h200,2,8,2,\n")  # fmt: skip
+    df = load_measurements(p, purpose="fit")
+    strategies = [row_strategy(rc) for rc in resolve_rows(df)]
+    assert [float(s.fused_attention) for s in strategies] == [1.0, 0.0, 0.0]
+
+
 def test_num_gpus_derived_from_degrees(tmp_path, presets):
     p = write(tmp_path, "model,hardware,dp,tp,pp,global_batch_size,throughput\n"
               "gpt2,a100-80gb,2,2,2,16,8\n")  # fmt: skip

@@ -58,6 +58,16 @@ def test_estimate_json_matches_library_and_has_required_keys():
     assert doc["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
     assert doc["throughput_samples_per_s"] == pytest.approx(4 / doc["step_time_s"], rel=1e-5)
     assert sum(v for k, v in doc["breakdown"].items() if k != "step_time_s") == pytest.approx(doc["step_time_s"], rel=1e-5)
+    assert doc["fused_attention"] is False
+    # --fused-attention reaches the model: the library's number, and the knob in the document
+    r = run("perf", "estimate", "--model", "megatron-22B", "--gpus", "8", "--tp", "8", "--pp", "1",
+            "--global-batch", "4", "--micro-batch", "4", "--recompute", "none", "--fused-attention", "--json")
+    assert r.exit_code == 0, r.output
+    fa = json.loads(r.output)
+    assert fa["fused_attention"] is True
+    s = make_strategy(tp=8, micro_batch_size=4, num_microbatches=1, recompute="none", fused_attention=True)
+    out = step_time(load_model("megatron-22b").spec, hw.spec, hw.constants, s)
+    assert fa["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
 
 
 def test_estimate_table_for_people():

@@ -29,6 +29,7 @@ from perfmodel import (
     total_params,
 )
 from perfmodel.memory import activation_bytes_per_layer
+from perfmodel.workload import layer_forward_ops
 
 DATA = Path(__file__).parent.parent / "data"
 A100 = load_hardware("a100-80gb")
@@ -69,6 +70,41 @@ def test_activation_memory_one_layer_matches_korthikanti():
     assert float(activation_bytes_per_layer(m, sel)) == pytest.approx(s_ * b * h * 34 / 8, rel=1e-6)
     full = make_strategy(tp=1, micro_batch_size=1, recompute="full")
     assert float(activation_bytes_per_layer(m, full)) == pytest.approx(2 * s_ * b * h, rel=1e-6)
+
+
+def test_fused_attention_by_hand():
+    """FlashAttention (Dao et al. 2022) keeps the s × s scores on chip: the layer stores what
+    selective recomputation would keep, the attention reads Q, K, V and writes its output once,
+    there is no softmax kernel, and the backward pass recomputes Q·Kᵀ (half the forward FLOPs)."""
+    m = load_model("gpt3-175b").spec
+    s_, b, h, a, t = 2048.0, 1.0, 12288.0, 96.0, 8.0
+    fused = make_strategy(tp=8, micro_batch_size=1, recompute="none", fused_attention=True)
+    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(s_ * b * h * (10 + 24 / t), rel=1e-6)
+    sel = make_strategy(tp=8, micro_batch_size=1, recompute="selective")
+    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(float(activation_bytes_per_layer(m, sel)))
+    ops = layer_forward_ops(m, 1.0, t, 0.0, 2.0, 1.0)
+    T = b * s_
+    assert float(ops.attention.flops) == pytest.approx(4 * T * s_ * h / t, rel=1e-6)
+    assert float(ops.attention.bytes) == pytest.approx(2 * 4 * T * h / t, rel=1e-6)  # Q, K, V, O in 16 bits
+    assert float(ops.softmax.flops) == 0 and float(ops.softmax.bytes) == 0 and float(ops.softmax.kernels) == 0
+    plain = layer_forward_ops(m, 1.0, t, 0.0, 2.0, 0.0)
+    assert float(plain.attention.bytes) == pytest.approx(2 * (4 * T * h / t + 2 * b * (a / t) * s_ * s_), rel=1e-6)
+    # selective recomputation has nothing left to redo: the same step as none
+    knobs = dict(dp=16, tp=8, pp=8, num_microbatches=96, fused_attention=True)
+    none_ = STEP(m, A100.spec, A100.constants, make_strategy(recompute="none", **knobs))
+    selv = STEP(m, A100.spec, A100.constants, make_strategy(recompute="selective", **knobs))
+    assert float(selv.step_time_s) == pytest.approx(float(none_.step_time_s), rel=1e-6)
+    # hardware FLOPs: the unfused step's plus one Q·Kᵀ per layer per microbatch (the backward's redo)
+    unf = STEP(m, A100.spec, A100.constants, make_strategy(recompute="none", **dict(knobs, fused_attention=False)))
+    redo = 2 * T * s_ * h / t * 96 * t * 96 * 16  # layers · tp · microbatches · dp
+    soft = 5 * b * (a / t) * s_ * s_ * 3 * 96 * t * 96 * 16  # the unfused softmax FLOPs (fwd + 2 bwd)
+    flops = float(none_.hfu) * float(none_.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
+    flops_unf = float(unf.hfu) * float(unf.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
+    assert flops == pytest.approx(flops_unf + redo - soft, rel=1e-5)
+    # no scores in memory at 2048 tokens: less memory, and faster than the unfused kernels
+    assert float(memory_per_device(m, make_strategy(recompute="none", **knobs)).total_bytes) < float(
+        memory_per_device(m, make_strategy(recompute="none", **dict(knobs, fused_attention=False))).total_bytes)
+    assert float(none_.step_time_s) < float(unf.step_time_s)
 
 
 def test_model_states_16_bytes_per_param_and_zero_sharding():
@@ -150,6 +186,7 @@ strategies = st.builds(
     micro_batch_size=st.sampled_from([1, 2, 4]), num_microbatches=st.sampled_from([1, 4, 16]),
     zero_stage=st.integers(0, 3), recompute=st.sampled_from(["none", "selective", "full"]),
     sequence_parallel=st.booleans(), schedule=st.sampled_from(["gpipe", "1f1b"]),
+    fused_attention=st.booleans(),
 )
 
 

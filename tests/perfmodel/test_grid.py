@@ -51,10 +51,10 @@ def _brute_force(L, heads, kv, N, G, gpn):
                     continue
                 if sched != 2 and (v != 1 or (pp == 1 and sched != 1)):
                     continue
-                for z, r, sp in itertools.product(range(4), range(3), range(2)):
-                    if (dp == 1 and z != 0) or (tp == 1 and sp):
-                        continue
-                    out.add((dp, tp, pp, mbs, m, v, sched, z, r, sp, 2, 1, gpn))
+                for z, r, sp, fa in itertools.product(range(4), range(3), range(2), range(2)):
+                    if (dp == 1 and z != 0) or (tp == 1 and sp) or (fa and r == 1):
+                        continue  # (a fused kernel makes selective recomputation the same as none)
+                    out.add((dp, tp, pp, mbs, m, v, sched, z, r, sp, 2, 1, fa, gpn))
     return out
 
 
@@ -62,7 +62,7 @@ def test_enumeration_equals_brute_force_loop():
     # a small GPT (12 layers, 12 heads) on 48 GPUs: every knob's rule is exercised
     L, heads, N, G, gpn = 12, 12, 48, 96, 8
     g = enumerate_strategies(num_layers=L, num_heads=heads, num_kv_heads=heads, num_gpus=N, global_batch=G,
-                             gpus_per_node=gpn)
+                             gpus_per_node=gpn, fused_attention=[False, True])
     rows = {tuple(int(x) for x in r) for r in np.stack([g.columns[k] for k in KNOBS], axis=1)}
     assert len(rows) == len(g), "the grid has duplicate strategies"
     assert rows == _brute_force(L, heads, heads, N, G, gpn)
@@ -95,7 +95,7 @@ def test_restricted_knobs_and_rejection_reasons():
 
 
 def test_grid_equals_each_strategy_alone():
-    g = _grid_175b()
+    g = _grid_175b(fused_attention=[False, True])
     out = evaluate_grid(GPT3.spec, A100.spec, A100.constants, g.strategy())
     rng = np.random.default_rng(0)
     for i in rng.choice(len(g), size=24, replace=False):

@@ -136,6 +136,7 @@ def test_distir_cost_model_uses_its_grid_and_formulas():
     (("--recompute", "sometimes"), "--recompute"),
     (("--schedule", "zigzag"), "--schedule"),
     (("--sequence-parallel", "maybe"), "--sequence-parallel"),
+    (("--fused-attention", "maybe"), "--fused-attention"),
     (("--dtype", "fp4"), "--dtype"),
     (("--gpus", "64,x"), "--gpus"),
     (("--out", "grid.txt"), "--out"),
