@@ -1,3 +1,5 @@
 """aisim: the thin command line over perfmodel, calibration and fl."""
 
-__version__ = "0.1.0"
+from simbase.version import version
+
+__version__ = version()

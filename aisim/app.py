@@ -43,7 +43,9 @@ def root(
 
 app.command("presets")(presets_cli.presets)
 app.add_typer(perf_cli.app, name="perf", help="Analytical step-time model: estimate and grid.")
-app.add_typer(calibrate_cli.app, name="calibrate", help="Fit the model's constants to measurements.")
+app.add_typer(
+    calibrate_cli.app, name="calibrate", help="Fit the model's constants to measurements."
+)
 app.command("measure")(measure_cli.measure)
 app.add_typer(fl_cli.app, name="fl", help="Federated training simulation.")
 app.add_typer(collab_cli.app, name="collab", help="Cross-site collaborative training efficiency.")

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from aisim.console import check_out_suffix, console, guard, print_json, rich_table, write_table
+from aisim.console import check_out_suffix, console, guard, print_json, rich_table
+from simbase.io import write_table
 
 SHOWN = ("source_file", "source_row", "model", "hardware", "plugin", "num_gpus", "dp", "tp", "pp",
          "zero_stage", "global_batch_size", "seq_len", "throughput_samples_per_s",

@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibration.profile import load_profile_constants
-from perfmodel import units
 from perfmodel.constants import Constants
-from perfmodel.errors import AisimError, bad_value
 from perfmodel.hardware import Hardware, load_hardware, load_hardware_file
 from perfmodel.workload import (
     Model,
@@ -17,6 +15,8 @@ from perfmodel.workload import (
     mlp_from_widths,
     with_overrides,
 )
+from simbase import units
+from simbase.errors import AisimError, bad_value
 
 
 def resolve_model(
@@ -35,11 +35,27 @@ def resolve_model(
 ) -> Model:
     """A model from ``--model NAME`` (or ``custom`` with dimensions), ``--model-file``,
     ``--params 60M`` (the standard square MLP) or ``--widths 784,200,200,10``."""
-    given = [x for x in (model if model and model.lower() != "custom" else None, model_file, params, widths) if x]
+    given = [
+        x
+        for x in (
+            model if model and model.lower() != "custom" else None,
+            model_file,
+            params,
+            widths,
+        )
+        if x
+    ]
     if len(given) > 1:
         raise AisimError("give only one of --model, --model-file, --params and --widths")
-    dims = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-                ffn_hidden_size=ffn_hidden, seq_len=seq_len, vocab_size=vocab)
+    dims = dict(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        ffn_hidden_size=ffn_hidden,
+        seq_len=seq_len,
+        vocab_size=vocab,
+    )
     for k, v in dims.items():
         if v is not None and v < 1:
             raise bad_value("command line", k, v, "a positive integer")
@@ -51,13 +67,24 @@ def resolve_model(
         try:
             ws = [int(w) for w in widths.split(",")]
         except ValueError:
-            raise bad_value("--widths", "widths", widths, "comma-separated integers like 784,200,200,10") from None
+            raise bad_value(
+                "--widths", "widths", widths, "comma-separated integers like 784,200,200,10"
+            ) from None
         m = mlp_from_widths(ws)
     elif model is not None and model.lower() == "custom":
         from perfmodel.workload import model_from_dict
 
-        missing = [f"--{n}" for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads),
-                                        ("seq-len", seq_len), ("vocab", vocab)) if v is None]
+        missing = [
+            f"--{n}"
+            for n, v in (
+                ("layers", layers),
+                ("hidden", hidden),
+                ("heads", heads),
+                ("seq-len", seq_len),
+                ("vocab", vocab),
+            )
+            if v is None
+        ]
         if missing:
             raise AisimError(f"--model custom needs {', '.join(missing)}")
         doc = {k: v for k, v in dims.items() if v is not None}
@@ -109,7 +136,9 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> list[i
                 raise ValueError
             out.append(int(v))
     except ValueError:
-        raise bad_value("command line", option, text, "comma-separated integers like 1,2,4 or 64,128,...,4096") from None
+        raise bad_value(
+            "command line", option, text, "comma-separated integers like 1,2,4 or 64,128,...,4096"
+        ) from None
     bad = [v for v in out if v < minimum]
     if not out or bad:
         raise bad_value("command line", option, text, f"integers >= {minimum}")

@@ -1,6 +1,6 @@
 """Console helpers shared by every CLI area: one-line errors, JSON output, atomic writes.
 
-Contract: a command body runs inside :func:`guard`; an :class:`~perfmodel.errors.AisimError`
+Contract: a command body runs inside :func:`guard`; an :class:`~simbase.errors.AisimError`
 becomes one red line on stderr and exit code 2 (usage) or 1 (other). Results are written with
 :func:`write_table` / :func:`atomic_write_text`, which write to a temporary file in the same
 folder and rename it, so an interrupted run never leaves a half-written file.
@@ -9,12 +9,8 @@ folder and rename it, so an interrupted run never leaves a half-written file.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import os
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
+from simbase.io import TABLE_SUFFIXES, check_table_suffix, to_json
 
 # Tables are wide; when the output is not a terminal (a pipe, a file, a test) rich would fall
 # back to 80 columns and fold names, so give it room.
@@ -39,38 +36,34 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def flag_names(*fields: str, **renamed: str) -> dict[str, str]:
+    """Library field names -> command-line flags: ``num_gpus`` -> ``--num-gpus`` for each name in
+    ``fields``, and ``renamed`` for the flags spelled otherwise (``num_gpus="--gpus"``)."""
+    return {f: "--" + f.replace("_", "-") for f in fields} | renamed
+
+
 @contextlib.contextmanager
-def guard() -> Iterator[None]:
-    """Turns domain errors into one line and an exit code (2 usage, 1 other)."""
+def guard(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turns domain errors into one line and an exit code (2 usage, 1 other).
+
+    ``flags`` maps library field names to this command's options. An error about an argument
+    (no source) names the command line and its flag; an error from a file keeps its source, and
+    the file's own field names.
+    """
     try:
         yield
     except AisimError as e:
-        raise fail(str(e), 2 if e.usage else 1) from None
+        table = flags or {}
+
+        def flag(field: str) -> str:
+            return table.get(field) or "--" + field.replace("_", "-")
+
+        message = e.render(flag if e.source is None else None, source="command line")
+        raise fail(message, 2 if e.usage else 1) from None
     except FileNotFoundError as e:
         raise fail(f"{e.filename}: file not found", 2) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "shape") and getattr(x, "shape", None) == ():  # jax scalar
-        return _jsonable(np.asarray(x).item())
-    return x
-
-
-def to_json(obj: Any) -> str:
-    """Serialises results (numpy/jax scalars, NaN as null) to a JSON string."""
-    return json.dumps(_jsonable(obj), indent=2, sort_keys=False)
 
 
 def print_json(obj: Any) -> None:
@@ -78,57 +71,9 @@ def print_json(obj: Any) -> None:
     typer.echo(to_json(obj))
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` via a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes text atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode())
-
-
-def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    """Writes a table atomically as CSV, Parquet or JSON, chosen by the file suffix."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        atomic_write_text(path, df.to_csv(index=False))
-    elif suffix == ".json":
-        atomic_write_text(path, to_json(df.to_dict(orient="records")))
-    elif suffix == ".parquet":
-        import io
-
-        buf = io.BytesIO()
-        try:
-            df.to_parquet(buf, index=False)
-        except ImportError as e:
-            raise AisimError(f"{path}: writing Parquet needs pyarrow ({e})", usage=False) from None
-        atomic_write_bytes(path, buf.getvalue())
-    else:
-        raise AisimError(
-            f"--out {path}: suffix {suffix or '(none)'!r}: expected .csv, .parquet or .json"
-        )
-
-
-def check_out_suffix(path: Path | None, allowed: tuple[str, ...] = (".csv", ".parquet", ".json")):
+def check_out_suffix(path: Path | None, allowed: tuple[str, ...] = TABLE_SUFFIXES) -> None:
     """Validates an ``--out`` path's suffix before any work starts."""
-    if path is not None and path.suffix.lower() not in allowed:
-        raise AisimError(
-            f"--out {path}: suffix {path.suffix or '(none)'!r}: expected one of {', '.join(allowed)}"
-        )
+    check_table_suffix(path, allowed)
 
 
 def rich_table(df: pd.DataFrame, title: str | None = None, float_fmt: str = "{:.4g}") -> Table:

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from aisim.console import console, err_console, guard, print_json
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 app = typer.Typer(no_args_is_help=True, help="Federated training simulation.")
 
@@ -29,34 +29,57 @@ def run(
     alpha: Annotated[float, _opt(help="Synthetic(α, β): std of the local model means.")] = 1.0,
     beta: Annotated[float, _opt(help="Synthetic(α, β): std of the local input means.")] = 1.0,
     iid: Annotated[bool, _opt("--iid", help="Synthetic-IID instead of Synthetic(α, β).")] = False,
-    partition: Annotated[str, _opt(help="digits/mnist: iid, dirichlet, shards or quantity.")] = "iid",
-    dirichlet_alpha: Annotated[float, _opt(help="Concentration of the Dirichlet label skew.")] = 0.5,
-    model: Annotated[str | None, _opt(help="logreg, mlp, 2nn or cnn (default: by data set).")] = None,
+    partition: Annotated[
+        str, _opt(help="digits/mnist: iid, dirichlet, shards or quantity.")
+    ] = "iid",
+    dirichlet_alpha: Annotated[
+        float, _opt(help="Concentration of the Dirichlet label skew.")
+    ] = 0.5,
+    model: Annotated[
+        str | None, _opt(help="logreg, mlp, 2nn or cnn (default: by data set).")
+    ] = None,
     clients: Annotated[int, _opt(help="Population size (synthetic: up to 1M).")] = 30,
     clients_per_round: Annotated[int, _opt(help="Clients sampled each round.")] = 10,
     rounds: Annotated[int, _opt(help="Communication rounds.")] = 200,
     local_epochs: Annotated[int, _opt(help="Local epochs E.")] = 1,
     batch_size: Annotated[int, _opt(help="Local batch size (samples).")] = 10,
     lr: Annotated[float, _opt(help="Client SGD learning rate.")] = 0.01,
-    algorithm: Annotated[str, _opt(help="fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, scaffold or dpfedavg.")] = "fedavg",
+    algorithm: Annotated[
+        str,
+        _opt(help="fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, scaffold or dpfedavg."),
+    ] = "fedavg",
     mu: Annotated[float, _opt(help="FedProx proximal weight μ.")] = 0.0,
-    server_lr: Annotated[float | None, _opt(help="Server learning rate (default 1, adaptive 0.01).")] = None,
+    server_lr: Annotated[
+        float | None, _opt(help="Server learning rate (default 1, adaptive 0.01).")
+    ] = None,
     server_momentum: Annotated[float, _opt(help="FedAvgM server momentum.")] = 0.9,
-    sampling: Annotated[str, _opt(help="Client sampling: uniform or size (proportional to data).")] = "uniform",
-    stragglers: Annotated[float, _opt(help="Fraction of sampled clients that straggle (0-1).")] = 0.0,
+    sampling: Annotated[
+        str, _opt(help="Client sampling: uniform or size (proportional to data).")
+    ] = "uniform",
+    stragglers: Annotated[
+        float, _opt(help="Fraction of sampled clients that straggle (0-1).")
+    ] = 0.0,
     deadline_s: Annotated[float | None, _opt(help="Round deadline in simulated seconds.")] = None,
     devices: Annotated[str, _opt(help="Device preset mix, e.g. phone:0.7,laptop:0.3.")] = "phone",
-    max_local_steps: Annotated[int | None, _opt(help="Cap on local steps per client per round.")] = None,
+    max_local_steps: Annotated[
+        int | None, _opt(help="Cap on local steps per client per round.")
+    ] = None,
     memory_budget: Annotated[str, _opt(help="Memory for one chunk of clients, e.g. 4GB.")] = "4GB",
     clip_norm: Annotated[float, _opt(help="DP-FedAvg: L2 clip norm of each update.")] = 1.0,
     noise_multiplier: Annotated[float, _opt(help="DP-FedAvg: noise std / clip norm.")] = 1.0,
     delta: Annotated[float, _opt(help="DP-FedAvg: δ of the reported (ε, δ).")] = 1e-5,
     seed: Annotated[int, _opt(help="Seed of data, systems and training.")] = 0,
     eval_every: Annotated[int, _opt(help="Evaluate the global model every K rounds.")] = 1,
-    checkpoint_every: Annotated[int, _opt(help="Write DIR/checkpoint.msgpack every K rounds.")] = 10,
-    target_accuracy: Annotated[float | None, _opt(help="Report rounds and time to this test accuracy.")] = None,
+    checkpoint_every: Annotated[
+        int, _opt(help="Write DIR/checkpoint.msgpack every K rounds.")
+    ] = 10,
+    target_accuracy: Annotated[
+        float | None, _opt(help="Report rounds and time to this test accuracy.")
+    ] = None,
     shard: Annotated[bool, _opt(help="Shard the client axis over all JAX devices.")] = True,
-    config: Annotated[Path | None, _opt("--config", help="EXPERIMENT.toml with the same option names.")] = None,
+    config: Annotated[
+        Path | None, _opt("--config", help="EXPERIMENT.toml with the same option names.")
+    ] = None,
     out: Annotated[Path | None, _opt("--out", help="Output folder DIR.")] = None,
     resume: Annotated[Path | None, _opt("--resume", help="Continue the run in DIR.")] = None,
     plot: Annotated[bool, _opt("--plot", help="Draw DIR/accuracy.png.")] = False,
@@ -98,7 +121,8 @@ def run(
                 f"[red]error:[/red] training diverged at round {s['diverged_round']} (NaN or "
                 f"infinite model); metrics of the rounds so far are kept"
                 + (f" in {out_dir}/metrics.csv" if out_dir else ""),
-                highlight=False, soft_wrap=True,
+                highlight=False,
+                soft_wrap=True,
             )
             raise typer.Exit(1)
 
@@ -113,9 +137,14 @@ def _run_with_progress(cfg, out_dir, resume, simulate):
     )
 
     with Progress(
-        TextColumn("[bold]fl run[/bold]"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-        console=err_console, transient=True, disable=not err_console.is_terminal,
+        TextColumn("[bold]fl run[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
     ) as progress:
         task = progress.add_task("rounds", total=cfg.rounds, info="")
 
@@ -142,6 +171,8 @@ def _print_human(result, out_dir) -> None:
     )
     if "privacy" in s:
         p = s["privacy"]
-        console.print(f"DP: noise multiplier {p['noise_multiplier']}, ε = {p['epsilon']:.4g} at δ = {p['delta']:g}")
+        console.print(
+            f"DP: noise multiplier {p['noise_multiplier']}, ε = {p['epsilon']:.4g} at δ = {p['delta']:g}"
+        )
     if out_dir is not None:
         console.print(f"wrote {out_dir}/metrics.csv and {out_dir}/summary.json", highlight=False)

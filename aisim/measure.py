@@ -13,16 +13,9 @@ from typing import Annotated
 
 import typer
 
-from aisim.console import (
-    check_out_suffix,
-    console,
-    err_console,
-    guard,
-    print_json,
-    rich_table,
-    write_table,
-)  # fmt: skip
-from perfmodel.errors import AisimError, bad_value
+from aisim.console import check_out_suffix, console, err_console, guard, print_json, rich_table
+from simbase.errors import AisimError, bad_value
+from simbase.io import write_table
 
 SHOWN = ("model", "hardware", "num_layers", "hidden_size", "num_gpus", "dp", "tp",
          "global_batch_size", "step_time_s", "throughput_samples_per_s")  # fmt: skip
@@ -101,12 +94,18 @@ def measure(
     steps: Annotated[int, typer.Option(help="Timed steps per configuration.")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed steps first (includes compiling).")] = 2,
     rounds: Annotated[
-        int, typer.Option(help="Round-robin passes of --steps over all configurations "
-                          "(>1 spreads a shared host's contention; all stay in memory).")
+        int,
+        typer.Option(
+            help="Round-robin passes of --steps over all configurations "
+            "(>1 spreads a shared host's contention; all stay in memory)."
+        ),
     ] = 1,
     statistic: Annotated[
-        str, typer.Option(help="step_time_s from the timed steps: median, or min (the least "
-                          "disturbed step, for a host shared with other work).")
+        str,
+        typer.Option(
+            help="step_time_s from the timed steps: median, or min (the least "
+            "disturbed step, for a host shared with other work)."
+        ),
     ] = "median",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32, bf16 or fp16.")] = "fp32",
     hardware: Annotated[
@@ -139,7 +138,9 @@ def measure(
         if dtype not in COMPUTE_DTYPES:
             raise bad_value("--dtype", "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
         if statistic not in STATISTICS:
-            raise bad_value("--statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS))
+            raise bad_value(
+                "--statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS)
+            )
         if steps < 1 or warmup < 0 or rounds < 1:
             raise AisimError("--steps and --rounds must be at least 1 and --warmup at least 0")
         layer_list = [None] if layers is None else parse_int_list(layers, "--layers")

@@ -11,53 +11,129 @@ from rich.table import Table
 
 from aisim.common import resolve_constants, resolve_hardware, resolve_model
 from aisim.console import console, guard, print_json
-from perfmodel import units
-from perfmodel.errors import AisimError
 from perfmodel.report import results_frame, row_to_result
 from perfmodel.step_time import BREAKDOWN_TERMS, COST_MODELS, select_step_fn
 from perfmodel.strategy import strategy_from_knobs
+from simbase import units
+from simbase.errors import AisimError
 
 app = typer.Typer(no_args_is_help=True)
 
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model preset (case-insensitive; default gpt3-175b), or 'custom' with --layers --hidden --heads --seq-len --vocab.")]
-ModelFileOpt = Annotated[Path | None, typer.Option("--model-file", help="Your own model JSON (schema of perfmodel/profiles/models).")]
-ParamsOpt = Annotated[str | None, typer.Option("--params", help="A square bias-free MLP with about this many parameters, e.g. 60M.")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Model preset (case-insensitive; default gpt3-175b), or 'custom' with --layers --hidden --heads --seq-len --vocab.",
+    ),
+]
+ModelFileOpt = Annotated[
+    Path | None,
+    typer.Option("--model-file", help="Your own model JSON (schema of perfmodel/profiles/models)."),
+]
+ParamsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--params", help="A square bias-free MLP with about this many parameters, e.g. 60M."
+    ),
+]
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware preset (case-insensitive).")]
-HardwareFileOpt = Annotated[Path | None, typer.Option("--hardware-file", help="Your own hardware JSON (schema of perfmodel/profiles/hardware).")]
-ProfileOpt = Annotated[Path | None, typer.Option("--profile", help="Calibrated profile JSON from `aisim calibrate fit --out`.")]
-CostModelOpt = Annotated[str, typer.Option("--cost-model", help="aisim (default) or distir (DistIR's formulas and constants).")]
+HardwareFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--hardware-file", help="Your own hardware JSON (schema of perfmodel/profiles/hardware)."
+    ),
+]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option("--profile", help="Calibrated profile JSON from `aisim calibrate fit --out`."),
+]
+CostModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--cost-model", help="aisim (default) or distir (DistIR's formulas and constants)."
+    ),
+]
 
 
 def estimate_one(
-    *, model: str | None = None, model_file: Path | None = None, params: str | None = None,
+    *,
+    model: str | None = None,
+    model_file: Path | None = None,
+    params: str | None = None,
     widths: str | None = None,
-    layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-    seq_len: int | None = None, vocab: int | None = None, hardware: str = "a100-80gb",
-    hardware_file: Path | None = None, gpus: int = 8, gpus_per_node: int | None = None, tp: int = 1,
-    pp: int = 1, global_batch: int | None = None, micro_batch: int = 1, schedule: str | None = None,
-    interleave: int = 1, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
-    dtype: str = "bf16", dp_overlap: bool = True, fused_attention: bool = False, profile: Path | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    hardware: str = "a100-80gb",
+    hardware_file: Path | None = None,
+    gpus: int = 8,
+    gpus_per_node: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    global_batch: int | None = None,
+    micro_batch: int = 1,
+    schedule: str | None = None,
+    interleave: int = 1,
+    recompute: str = "none",
+    sequence_parallel: bool = False,
+    zero: int = 0,
+    dtype: str = "bf16",
+    dp_overlap: bool = True,
+    fused_attention: bool = False,
+    profile: Path | None = None,
     cost_model: str = "aisim",
 ) -> dict:
     """The ``aisim perf estimate --json`` document for one strategy (library entry point)."""
-    m = resolve_model(model, model_file=model_file, params=params, widths=widths, layers=layers, hidden=hidden,
-                      heads=heads, seq_len=seq_len, vocab=vocab)
+    m = resolve_model(
+        model,
+        model_file=model_file,
+        params=params,
+        widths=widths,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=seq_len,
+        vocab=vocab,
+    )
     hw = resolve_hardware(hardware, hardware_file)
     consts = resolve_constants(hw, profile)
     gpn = gpus_per_node if gpus_per_node is not None else int(hw.spec.gpus_per_node)
     if gpn < 1:
-        raise AisimError(f"command line: field 'gpus-per-node' = {gpn}: expected a positive integer")
+        raise AisimError(
+            f"command line: field 'gpus-per-node' = {gpn}: expected a positive integer"
+        )
     spec = m.spec
     is_tf = spec.kind == "transformer"
     s = strategy_from_knobs(
-        num_layers=int(spec.num_layers), num_heads=int(spec.num_heads) if is_tf else int(spec.hidden_size),
-        num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size), num_gpus=gpus, tp=tp, pp=pp,
-        global_batch=global_batch, micro_batch_size=micro_batch, schedule=schedule, interleave=interleave,
-        zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dtype,
-        dp_overlap=dp_overlap, fused_attention=fused_attention, gpus_per_node=gpn,
+        num_layers=int(spec.num_layers),
+        num_heads=int(spec.num_heads) if is_tf else int(spec.hidden_size),
+        num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size),
+        num_gpus=gpus,
+        tp=tp,
+        pp=pp,
+        global_batch=global_batch,
+        micro_batch_size=micro_batch,
+        schedule=schedule,
+        interleave=interleave,
+        zero_stage=zero,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        dtype=dtype,
+        dp_overlap=dp_overlap,
+        fused_attention=fused_attention,
+        gpus_per_node=gpn,
         tp_rule="distir" if cost_model == "distir" else "divides",
-        names={"tp": "--tp", "pp": "--pp", "num_gpus": "--gpus", "global_batch": "--global-batch",
-               "micro_batch_size": "--micro-batch", "interleave": "--interleave", "zero_stage": "--zero"},
+        names={
+            "tp": "--tp",
+            "pp": "--pp",
+            "num_gpus": "--gpus",
+            "global_batch": "--global-batch",
+            "micro_batch_size": "--micro-batch",
+            "interleave": "--interleave",
+            "zero_stage": "--zero",
+        },
     )
     fn = select_step_fn(cost_model)
     out = jax.jit(fn)(spec, hw.spec, consts, s)
@@ -77,28 +153,67 @@ def estimate(
     model: ModelOpt = None,
     model_file: ModelFileOpt = None,
     params: ParamsOpt = None,
-    widths: Annotated[str | None, typer.Option("--widths", help="A generic MLP by its layer widths, e.g. 784,200,200,10.")] = None,
-    layers: Annotated[int | None, typer.Option(help="Transformer layers (overrides the preset).")] = None,
+    widths: Annotated[
+        str | None,
+        typer.Option("--widths", help="A generic MLP by its layer widths, e.g. 784,200,200,10."),
+    ] = None,
+    layers: Annotated[
+        int | None, typer.Option(help="Transformer layers (overrides the preset).")
+    ] = None,
     hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Sequence length in tokens.")] = None,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="Sequence length in tokens.")
+    ] = None,
     vocab: Annotated[int | None, typer.Option(help="Vocabulary size.")] = None,
     hardware: HardwareOpt = "a100-80gb",
     hardware_file: HardwareFileOpt = None,
     gpus: Annotated[int, typer.Option(help="Total devices.")] = 1024,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="Devices per node (default: the preset's).")] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option("--gpus-per-node", help="Devices per node (default: the preset's)."),
+    ] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree (dp = gpus / (tp·pp)).")] = 8,
-    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimiser step (default dp·micro-batch).")] = 1536,
+    global_batch: Annotated[
+        int | None,
+        typer.Option("--global-batch", help="Samples per optimiser step (default dp·micro-batch)."),
+    ] = 1536,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per microbatch.")] = 1,
-    schedule: Annotated[str | None, typer.Option(help="gpipe, 1f1b or interleaved (default 1f1b, interleaved if --interleave > 1).")] = None,
-    interleave: Annotated[int, typer.Option(help="Model chunks per device (v) for the interleaved schedule.")] = 1,
-    recompute: Annotated[str, typer.Option(help="Activation recomputation: none, selective or full.")] = "full",
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism.")] = False,
+    schedule: Annotated[
+        str | None,
+        typer.Option(
+            help="gpipe, 1f1b or interleaved (default 1f1b, interleaved if --interleave > 1)."
+        ),
+    ] = None,
+    interleave: Annotated[
+        int, typer.Option(help="Model chunks per device (v) for the interleaved schedule.")
+    ] = 1,
+    recompute: Annotated[
+        str, typer.Option(help="Activation recomputation: none, selective or full.")
+    ] = "full",
+    sequence_parallel: Annotated[
+        bool,
+        typer.Option(
+            "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism."
+        ),
+    ] = False,
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3.")] = 0,
     dtype: Annotated[str, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = "bf16",
-    dp_overlap: Annotated[bool, typer.Option("--dp-overlap/--no-dp-overlap", help="Overlap the DP gradient reduction with the backward pass.")] = True,
-    fused_attention: Annotated[bool, typer.Option("--fused-attention/--no-fused-attention", help="A fused attention kernel (FlashAttention): no s x s scores stored or written.")] = False,
+    dp_overlap: Annotated[
+        bool,
+        typer.Option(
+            "--dp-overlap/--no-dp-overlap",
+            help="Overlap the DP gradient reduction with the backward pass.",
+        ),
+    ] = True,
+    fused_attention: Annotated[
+        bool,
+        typer.Option(
+            "--fused-attention/--no-fused-attention",
+            help="A fused attention kernel (FlashAttention): no s x s scores stored or written.",
+        ),
+    ] = False,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
@@ -106,14 +221,37 @@ def estimate(
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
     with guard():
         if cost_model not in COST_MODELS:
-            raise AisimError(f"command line: field '--cost-model' = {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
+            raise AisimError(
+                f"command line: field '--cost-model' = {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
+            )
         doc = estimate_one(
-            model=model, model_file=model_file, params=params, widths=widths, layers=layers, hidden=hidden, heads=heads,
-            seq_len=seq_len, vocab=vocab, hardware=hardware, hardware_file=hardware_file, gpus=gpus,
-            gpus_per_node=gpus_per_node, tp=tp, pp=pp, global_batch=global_batch, micro_batch=micro_batch,
-            schedule=schedule, interleave=interleave, recompute=recompute, sequence_parallel=sequence_parallel,
-            zero=zero, dtype=dtype, dp_overlap=dp_overlap, fused_attention=fused_attention,
-            profile=profile, cost_model=cost_model,
+            model=model,
+            model_file=model_file,
+            params=params,
+            widths=widths,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            seq_len=seq_len,
+            vocab=vocab,
+            hardware=hardware,
+            hardware_file=hardware_file,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            tp=tp,
+            pp=pp,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            schedule=schedule,
+            interleave=interleave,
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            zero=zero,
+            dtype=dtype,
+            dp_overlap=dp_overlap,
+            fused_attention=fused_attention,
+            profile=profile,
+            cost_model=cost_model,
         )
         if json_out:
             print_json(doc)
@@ -123,11 +261,14 @@ def estimate(
 
 def print_estimate(doc: dict) -> None:
     """A rich table of one estimate, for people."""
-    title = (f"{doc['model']} on {doc['num_gpus']} x {doc['hardware']}: dp={doc['dp']} tp={doc['tp']} "
-             f"pp={doc['pp']} mbs={doc['micro_batch_size']} m={doc['num_microbatches']} "
-             f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
-             f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']}"
-             + (" fused-attention" if doc.get("fused_attention") else "") + f" [{doc['cost_model']}]")
+    title = (
+        f"{doc['model']} on {doc['num_gpus']} x {doc['hardware']}: dp={doc['dp']} tp={doc['tp']} "
+        f"pp={doc['pp']} mbs={doc['micro_batch_size']} m={doc['num_microbatches']} "
+        f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
+        f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']}"
+        + (" fused-attention" if doc.get("fused_attention") else "")
+        + f" [{doc['cost_model']}]"
+    )
     console.print(title, highlight=False)
     t = Table()
     t.add_column("term")
@@ -149,8 +290,13 @@ def print_estimate(doc: dict) -> None:
         f"memory per device {mem['total_bytes'] / units.GIB:.1f} GiB (weights {mem['weights_bytes'] / units.GIB:.1f}, "
         f"gradients {mem['gradients_bytes'] / units.GIB:.1f}, optimizer {mem['optimizer_bytes'] / units.GIB:.1f}, "
         f"activations {mem['activations_bytes'] / units.GIB:.1f}); "
-        + ("[green]feasible[/green]" if doc["feasible"] else
-           "[red]infeasible: " + ("does not fit in device memory" if not doc["fits_memory"] else "invalid strategy") + "[/red]")
+        + (
+            "[green]feasible[/green]"
+            if doc["feasible"]
+            else "[red]infeasible: "
+            + ("does not fit in device memory" if not doc["fits_memory"] else "invalid strategy")
+            + "[/red]"
+        )
     )
 
 

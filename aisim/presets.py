@@ -8,10 +8,10 @@ import typer
 from rich.table import Table
 
 from aisim.console import console, guard, print_json
-from perfmodel import units
-from perfmodel.errors import AisimError
 from perfmodel.hardware import DTYPES, hardware_names, load_hardware
 from perfmodel.workload import load_model, model_names, total_params
+from simbase import units
+from simbase.errors import AisimError
 
 
 def hardware_rows() -> list[dict]:
@@ -31,7 +31,8 @@ def hardware_rows() -> list[dict]:
             intra_node_gb_per_s=float(s.link_bandwidth_bytes_per_s[0]) / units.GIGA,
             inter_node_gb_per_s=float(s.link_bandwidth_bytes_per_s[1]) / units.GIGA,
             wan_gb_per_s=float(s.link_bandwidth_bytes_per_s[2]) / units.GIGA,
-            price_per_device_hour_usd=None if float(s.price_per_device_hour_usd) != float(s.price_per_device_hour_usd)
+            price_per_device_hour_usd=None
+            if float(s.price_per_device_hour_usd) != float(s.price_per_device_hour_usd)
             else float(s.price_per_device_hour_usd),
         )
         rows.append(row)
@@ -44,15 +45,20 @@ def model_rows() -> list[dict]:
     for name in model_names():
         m = load_model(name)
         sp = m.spec
-        rows.append({
-            "name": name, "kind": sp.kind, "params": float(total_params(sp)),
-            "published_params": m.published_params, "num_layers": int(sp.num_layers),
-            "hidden_size": int(sp.hidden_size),
-            "num_heads": int(sp.num_heads) if sp.kind == "transformer" else None,
-            "num_kv_heads": int(sp.num_kv_heads) if sp.kind == "transformer" else None,
-            "seq_len": int(sp.seq_len) if sp.kind == "transformer" else None,
-            "vocab_size": int(sp.vocab_size) if sp.kind == "transformer" else None,
-        })
+        rows.append(
+            {
+                "name": name,
+                "kind": sp.kind,
+                "params": float(total_params(sp)),
+                "published_params": m.published_params,
+                "num_layers": int(sp.num_layers),
+                "hidden_size": int(sp.hidden_size),
+                "num_heads": int(sp.num_heads) if sp.kind == "transformer" else None,
+                "num_kv_heads": int(sp.num_kv_heads) if sp.kind == "transformer" else None,
+                "seq_len": int(sp.seq_len) if sp.kind == "transformer" else None,
+                "vocab_size": int(sp.vocab_size) if sp.kind == "transformer" else None,
+            }
+        )
     return rows
 
 
@@ -75,21 +81,55 @@ def presets(
             return
         if "hardware" in doc:
             t = Table(title="hardware presets")
-            for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM GB/s", "NVLink GB/s", "IB GB/s/GPU", "$/h"):
+            for col in (
+                "name",
+                "bf16 TFLOP/s",
+                "fp8 TFLOP/s",
+                "HBM GiB",
+                "HBM GB/s",
+                "NVLink GB/s",
+                "IB GB/s/GPU",
+                "$/h",
+            ):
                 t.add_column(col, justify="right")
             for r in doc["hardware"]:
-                t.add_row(r["name"], _f(r["peak_bf16_tflops"] or r["peak_fp16_tflops"]), _f(r["peak_fp8_tflops"]),
-                          _f(r["memory_gib"]), _f(r["memory_bandwidth_gb_per_s"]), _f(r["intra_node_gb_per_s"]),
-                          _f(r["inter_node_gb_per_s"]), _f(r["price_per_device_hour_usd"]))
+                t.add_row(
+                    r["name"],
+                    _f(r["peak_bf16_tflops"] or r["peak_fp16_tflops"]),
+                    _f(r["peak_fp8_tflops"]),
+                    _f(r["memory_gib"]),
+                    _f(r["memory_bandwidth_gb_per_s"]),
+                    _f(r["intra_node_gb_per_s"]),
+                    _f(r["inter_node_gb_per_s"]),
+                    _f(r["price_per_device_hour_usd"]),
+                )
             console.print(t)
         if "models" in doc:
             t = Table(title="model presets")
-            for col in ("name", "kind", "params", "layers", "hidden", "heads", "kv", "seq", "vocab"):
+            for col in (
+                "name",
+                "kind",
+                "params",
+                "layers",
+                "hidden",
+                "heads",
+                "kv",
+                "seq",
+                "vocab",
+            ):
                 t.add_column(col, justify="right")
             for r in doc["models"]:
-                t.add_row(r["name"], r["kind"], units.format_count(r["params"]), str(r["num_layers"]),
-                          str(r["hidden_size"]), *(str(r[k]) if r[k] is not None else "-" for k in
-                                                   ("num_heads", "num_kv_heads", "seq_len", "vocab_size")))
+                t.add_row(
+                    r["name"],
+                    r["kind"],
+                    units.format_count(r["params"]),
+                    str(r["num_layers"]),
+                    str(r["hidden_size"]),
+                    *(
+                        str(r[k]) if r[k] is not None else "-"
+                        for k in ("num_heads", "num_kv_heads", "seq_len", "vocab_size")
+                    ),
+                )
             console.print(t)
 
 

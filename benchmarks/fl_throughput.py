@@ -80,8 +80,9 @@ def make_loop(b: Built):
     The model is aisim's, with flax's default Dense kernel gradient (``outer_product_grad=False``):
     for one client's unbatched step it is as fast or faster (digits MLP: 111 against 145 us)."""
     cfg = b.cfg
-    model = make_model(b.model.name, b.data.input_shape, b.data.num_classes,
-                       outer_product_grad=False)
+    model = make_model(
+        b.model.name, b.data.input_shape, b.data.num_classes, outer_product_grad=False
+    )
     opt = optax.sgd(cfg.lr)
     x_pool, y_pool = np.asarray(b.data.x_train), np.asarray(b.data.y_train)
     pop = b.data.population
@@ -152,28 +153,79 @@ def peak_rss_gb() -> float:
 
 
 TASKS = {
-    "synthetic(1,1) logreg, 100 of 1,000 clients, E=1": (ExperimentConfig(
-        dataset="synthetic", clients=1000, clients_per_round=100, local_epochs=1,
-        batch_size=10, lr=0.01, devices="server"), 3),
-    "synthetic(1,1) logreg, 1,000 of 1,000 clients, E=1": (ExperimentConfig(
-        dataset="synthetic", clients=1000, clients_per_round=1000, local_epochs=1,
-        batch_size=10, lr=0.01, devices="server"), 1),
-    "digits MLP, 100 of 100 clients, E=5": (ExperimentConfig(
-        dataset="digits", clients=100, clients_per_round=100, local_epochs=5,
-        batch_size=10, lr=0.1, devices="server"), 1),
-    "digits MLP, 1,000 of 1,000 clients, E=5": (ExperimentConfig(
-        dataset="digits", clients=1000, clients_per_round=1000, local_epochs=5,
-        batch_size=10, lr=0.1, devices="server"), 1),
-    "mnist-5k 2NN, 100 of 100 clients, E=1": (ExperimentConfig(
-        dataset="mnist", clients=100, clients_per_round=100, local_epochs=1,
-        batch_size=10, lr=0.05, devices="server"), 1),
+    "synthetic(1,1) logreg, 100 of 1,000 clients, E=1": (
+        ExperimentConfig(
+            dataset="synthetic",
+            clients=1000,
+            clients_per_round=100,
+            local_epochs=1,
+            batch_size=10,
+            lr=0.01,
+            devices="server",
+        ),
+        3,
+    ),
+    "synthetic(1,1) logreg, 1,000 of 1,000 clients, E=1": (
+        ExperimentConfig(
+            dataset="synthetic",
+            clients=1000,
+            clients_per_round=1000,
+            local_epochs=1,
+            batch_size=10,
+            lr=0.01,
+            devices="server",
+        ),
+        1,
+    ),
+    "digits MLP, 100 of 100 clients, E=5": (
+        ExperimentConfig(
+            dataset="digits",
+            clients=100,
+            clients_per_round=100,
+            local_epochs=5,
+            batch_size=10,
+            lr=0.1,
+            devices="server",
+        ),
+        1,
+    ),
+    "digits MLP, 1,000 of 1,000 clients, E=5": (
+        ExperimentConfig(
+            dataset="digits",
+            clients=1000,
+            clients_per_round=1000,
+            local_epochs=5,
+            batch_size=10,
+            lr=0.1,
+            devices="server",
+        ),
+        1,
+    ),
+    "mnist-5k 2NN, 100 of 100 clients, E=1": (
+        ExperimentConfig(
+            dataset="mnist",
+            clients=100,
+            clients_per_round=100,
+            local_epochs=1,
+            batch_size=10,
+            lr=0.05,
+            devices="server",
+        ),
+        1,
+    ),
 }
 
 
 SCALE = ExperimentConfig(
-    dataset="synthetic", clients=1_000_000, clients_per_round=10_000, local_epochs=1,
-    batch_size=10, lr=0.01, devices="phone:0.7,laptop:0.2,edge_gpu:0.1",
-    memory_budget="4GB", eval_every=1000,
+    dataset="synthetic",
+    clients=1_000_000,
+    clients_per_round=10_000,
+    local_epochs=1,
+    batch_size=10,
+    lr=0.01,
+    devices="phone:0.7,laptop:0.2,edge_gpu:0.1",
+    memory_budget="4GB",
+    eval_every=1000,
 )
 
 
@@ -186,8 +238,15 @@ def sharded_rates(tasks: dict, rounds: int, scale: bool) -> tuple[int, dict]:
     if cores < 2 or jax.devices()[0].platform != "cpu":
         return cores, {}
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={cores}")
-    cmd = [sys.executable, __file__, "--child", "--rounds", str(rounds), "--tasks", ",".join(
-        str(i) for i, name in enumerate(TASKS) if name in tasks)] + ([] if scale else ["--skip-scale"])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--rounds",
+        str(rounds),
+        "--tasks",
+        ",".join(str(i) for i, name in enumerate(TASKS) if name in tasks),
+    ] + ([] if scale else ["--skip-scale"])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:  # report and carry on with the one-device columns
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -226,17 +285,26 @@ def main() -> None:
         child(tasks, args.rounds, not args.skip_scale)
         return
     cores, sharded = (1, {}) if quick else sharded_rates(tasks, args.rounds, not args.skip_scale)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}"
-          + (f"; 'sharded': the vmapped round in a child process with {cores} host devices, "
-             "one per core" if sharded else ""))
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}"
+        + (
+            f"; 'sharded': the vmapped round in a child process with {cores} host devices, "
+            "one per core"
+            if sharded
+            else ""
+        )
+    )
     extra = f" {'sharded':>12} {'speed-up':>9}" if sharded else ""
-    print(f"{'task (B=10, same cohorts and local steps)':<54} {'chunk':>6} {'vmapped':>12} "
-          f"{'loop':>10} {'speed-up':>9}{extra}")
+    print(
+        f"{'task (B=10, same cohorts and local steps)':<54} {'chunk':>6} {'vmapped':>12} "
+        f"{'loop':>10} {'speed-up':>9}{extra}"
+    )
 
     def row(name, chunk, v, loop, key):
         tail = f" {sharded[key]:>10.1f}/s {sharded[key] / loop:>8.1f}x" if key in sharded else ""
-        print(f"{name:<54} {chunk:>6} {v:>10.1f}/s {loop:>8.1f}/s {v / loop:>8.1f}x{tail}",
-              flush=True)
+        print(
+            f"{name:<54} {chunk:>6} {v:>10.1f}/s {loop:>8.1f}/s {v / loop:>8.1f}x{tail}", flush=True
+        )
 
     for name, (cfg, loop_rounds) in tasks.items():
         b = build(cfg)
@@ -272,8 +340,13 @@ def main() -> None:
     )
     ids, steps, w = cohorts(b, 1)[0]
     loop_s, clients = loop_round_s(b, make_loop(b), [(ids[:300], steps[:300], w[:300])])
-    row("scale task, same population: per-client loop (300)", b.spec.chunk, kept / dt,
-        clients / loop_s, "scale")
+    row(
+        "scale task, same population: per-client loop (300)",
+        b.spec.chunk,
+        kept / dt,
+        clients / loop_s,
+        "scale",
+    )
 
 
 if __name__ == "__main__":

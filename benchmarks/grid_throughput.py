@@ -29,18 +29,37 @@ CALCULON_S_PER_CONFIG = 8e-3  # issue 3: "Calculon takes about 8 ms per configur
 
 
 def main() -> None:
-    quick = os.environ.get("AISIM_QUICK") == "1"  # smoke-test sizes (the README test); not for numbers
+    quick = (
+        os.environ.get("AISIM_QUICK") == "1"
+    )  # smoke-test sizes (the README test); not for numbers
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1 << (16 if quick else 21),
-                    help="grid rows for the throughput measurement")
-    ap.add_argument("--loop", type=int, default=20 if quick else 300,
-                    help="strategies in the one-at-a-time Python loop")
-    ap.add_argument("--repeats", type=int, default=1 if quick else 5, help="timed repeats (the best is reported)")
-    ap.add_argument("--devices", type=int, default=0, help="split the host CPU into this many JAX devices")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=1 << (16 if quick else 21),
+        help="grid rows for the throughput measurement",
+    )
+    ap.add_argument(
+        "--loop",
+        type=int,
+        default=20 if quick else 300,
+        help="strategies in the one-at-a-time Python loop",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1 if quick else 5,
+        help="timed repeats (the best is reported)",
+    )
+    ap.add_argument(
+        "--devices", type=int, default=0, help="split the host CPU into this many JAX devices"
+    )
     args = ap.parse_args()
     if args.devices:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + f" --xla_force_host_platform_device_count={args.devices}").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={args.devices}"
+        ).strip()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     import jax
@@ -54,14 +73,24 @@ def main() -> None:
 
     m, hw = load_model("gpt3-175b"), load_hardware("a100-80gb")
     spec = m.spec
-    grid = enumerate_strategies(num_layers=96, num_heads=96, num_kv_heads=96, num_gpus=1024, global_batch=1536,
-                                gpus_per_node=8)
+    grid = enumerate_strategies(
+        num_layers=96,
+        num_heads=96,
+        num_kv_heads=96,
+        num_gpus=1024,
+        global_batch=1536,
+        gpus_per_node=8,
+    )
     reps = -(-args.rows // len(grid))
     big = StrategyGrid({k: np.tile(v, reps)[: args.rows] for k, v in grid.columns.items()}, {})
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {len(jax.devices())} device(s), "
-          f"{os.cpu_count()} CPU core(s)")
-    print(f"grid: GPT-3 175B, 1024 x A100-80GB, global batch 1536: {len(grid)} strategies; "
-          f"tiled to {args.rows} rows for the throughput measurement")
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, {len(jax.devices())} device(s), "
+        f"{os.cpu_count()} CPU core(s)"
+    )
+    print(
+        f"grid: GPT-3 175B, 1024 x A100-80GB, global batch 1536: {len(grid)} strategies; "
+        f"tiled to {args.rows} rows for the throughput measurement"
+    )
 
     def best_of(fn):
         jax.block_until_ready(fn())  # warm: the first call after compiling also allocates
@@ -75,13 +104,18 @@ def main() -> None:
     # 1a. all outputs, arrays already on the device (evaluate_grid places them; reuse them)
     from perfmodel.step_time import _evaluate_grid
 
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.asarray(jax.devices()), ("n",)),
-                                          jax.sharding.PartitionSpec("n"))
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.asarray(jax.devices()), ("n",)), jax.sharding.PartitionSpec("n")
+    )
     placed = jax.tree.map(lambda a: jax.device_put(a, sharding), big.strategy())
     t = time.perf_counter()
-    jax.block_until_ready(_evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ()))
+    jax.block_until_ready(
+        _evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ())
+    )
     compile_full = time.perf_counter() - t
-    dt_full = best_of(lambda: _evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ()))
+    dt_full = best_of(
+        lambda: _evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ())
+    )
     # 1b. evaluation + on-device top-k / per-point best / Pareto, as `aisim perf grid` runs it
     point, points = srch.sweep_points(big)
     reduce = srch._reducer(10, len(points), 256, "throughput")
@@ -89,40 +123,70 @@ def main() -> None:
     row_args = tuple(jax.device_put(a, sharding) for a in (point.astype(np.float32), zero3))
     n = jax.numpy.asarray(len(big), jax.numpy.int32)
     t = time.perf_counter()
-    jax.block_until_ready(_evaluate_grid(step_time, reduce, spec, hw.spec, hw.constants, placed, n, row_args))
+    jax.block_until_ready(
+        _evaluate_grid(step_time, reduce, spec, hw.spec, hw.constants, placed, n, row_args)
+    )
     compile_red = time.perf_counter() - t
-    dt_red = best_of(lambda: _evaluate_grid(step_time, reduce, spec, hw.spec, hw.constants, placed, n, row_args))
-    reduce_topk = srch._reducer(10, len(points), 0, "throughput")  # the same without the Pareto sort
-    jax.block_until_ready(_evaluate_grid(step_time, reduce_topk, spec, hw.spec, hw.constants, placed, n, row_args))
-    dt_topk = best_of(lambda: _evaluate_grid(step_time, reduce_topk, spec, hw.spec, hw.constants, placed, n, row_args))
+    dt_red = best_of(
+        lambda: _evaluate_grid(step_time, reduce, spec, hw.spec, hw.constants, placed, n, row_args)
+    )
+    reduce_topk = srch._reducer(
+        10, len(points), 0, "throughput"
+    )  # the same without the Pareto sort
+    jax.block_until_ready(
+        _evaluate_grid(step_time, reduce_topk, spec, hw.spec, hw.constants, placed, n, row_args)
+    )
+    dt_topk = best_of(
+        lambda: _evaluate_grid(
+            step_time, reduce_topk, spec, hw.spec, hw.constants, placed, n, row_args
+        )
+    )
     # 1c. from numpy columns, including the host -> device transfer of the grid
     dt_host = best_of(lambda: evaluate_grid(spec, hw.spec, hw.constants, big.strategy()))
 
     # 2. one at a time from Python, the same step function jitted
     one = jax.jit(step_time)
     rng = np.random.default_rng(0)
-    sample = [make_strategy(**{k: float(grid.columns[k][i]) for k in KNOBS})
-              for i in rng.choice(len(grid), size=args.loop, replace=False)]
+    sample = [
+        make_strategy(**{k: float(grid.columns[k][i]) for k in KNOBS})
+        for i in rng.choice(len(grid), size=args.loop, replace=False)
+    ]
     jax.block_until_ready(one(spec, hw.spec, hw.constants, sample[0]))
     t = time.perf_counter()
     for s in sample:
         jax.block_until_ready(one(spec, hw.spec, hw.constants, s).step_time_s)
     dt_loop = (time.perf_counter() - t) / len(sample)
 
-    rate = {"full": args.rows / dt_full, "reduced": args.rows / dt_red, "topk": args.rows / dt_topk,
-            "host": args.rows / dt_host}
+    rate = {
+        "full": args.rows / dt_full,
+        "reduced": args.rows / dt_red,
+        "topk": args.rows / dt_topk,
+        "host": args.rows / dt_host,
+    }
     print()
     print(f"grid evaluation after compilation (best of {args.repeats}):")
-    print(f"  all 28 outputs, arrays on device      {rate['full'] / 1e6:8.2f} M configs/s  "
-          f"({dt_full * 1e3:.0f} ms for {args.rows} rows; compile {compile_full:.2f} s)")
-    print(f"  + on-device top-k, best per point     {rate['topk'] / 1e6:8.2f} M configs/s  ({dt_topk * 1e3:.0f} ms)")
-    print(f"  + top-k, best per point, Pareto sort  {rate['reduced'] / 1e6:8.2f} M configs/s  "
-          f"({dt_red * 1e3:.0f} ms; compile {compile_red:.2f} s)")
-    print(f"  from numpy, incl. host->device copy   {rate['host'] / 1e6:8.2f} M configs/s  ({dt_host * 1e3:.0f} ms)")
-    print(f"python loop, jit(step_time) per call    {1 / dt_loop:8.0f} configs/s  ({dt_loop * 1e6:.0f} us each, "
-          f"{args.loop} strategies)")
+    print(
+        f"  all 28 outputs, arrays on device      {rate['full'] / 1e6:8.2f} M configs/s  "
+        f"({dt_full * 1e3:.0f} ms for {args.rows} rows; compile {compile_full:.2f} s)"
+    )
+    print(
+        f"  + on-device top-k, best per point     {rate['topk'] / 1e6:8.2f} M configs/s  ({dt_topk * 1e3:.0f} ms)"
+    )
+    print(
+        f"  + top-k, best per point, Pareto sort  {rate['reduced'] / 1e6:8.2f} M configs/s  "
+        f"({dt_red * 1e3:.0f} ms; compile {compile_red:.2f} s)"
+    )
+    print(
+        f"  from numpy, incl. host->device copy   {rate['host'] / 1e6:8.2f} M configs/s  ({dt_host * 1e3:.0f} ms)"
+    )
+    print(
+        f"python loop, jit(step_time) per call    {1 / dt_loop:8.0f} configs/s  ({dt_loop * 1e6:.0f} us each, "
+        f"{args.loop} strategies)"
+    )
     print(f"  grid (all outputs) / python loop      {rate['full'] * dt_loop:8.0f} x")
-    print(f"Calculon one at a time (issue figure)   {1 / CALCULON_S_PER_CONFIG:8.0f} configs/s  (~8 ms each, quoted)")
+    print(
+        f"Calculon one at a time (issue figure)   {1 / CALCULON_S_PER_CONFIG:8.0f} configs/s  (~8 ms each, quoted)"
+    )
     print(f"  grid (all outputs) / Calculon         {rate['full'] * CALCULON_S_PER_CONFIG:8.0f} x")
 
     # 4. the whole search, as the CLI runs it (enumerate, evaluate, reduce, frames)
@@ -137,12 +201,16 @@ def main() -> None:
     b = doc["best"]
     print()
     print("aisim perf grid --model gpt3-175B --gpus 1024 --global-batch 1536:")
-    print(f"  {doc['evaluated']} strategies evaluated, {doc['feasible']} feasible; best dp{b['dp']} tp{b['tp']} "
-          f"pp{b['pp']} mbs{b['micro_batch_size']} {b['schedule']} v{b['interleave']} zero{b['zero_stage']} "
-          f"{b['recompute']}: {b['tokens_per_s']:.4g} tokens/s, MFU {100 * b['mfu']:.1f}%")
+    print(
+        f"  {doc['evaluated']} strategies evaluated, {doc['feasible']} feasible; best dp{b['dp']} tp{b['tp']} "
+        f"pp{b['pp']} mbs{b['micro_batch_size']} {b['schedule']} v{b['interleave']} zero{b['zero_stage']} "
+        f"{b['recompute']}: {b['tokens_per_s']:.4g} tokens/s, MFU {100 * b['mfu']:.1f}%"
+    )
     print(f"  first call (compile + search)  {first:6.2f} s")
-    print(f"  compiled search (best of {args.repeats})    {min(steady):6.3f} s  -> compilation ~ "
-          f"{first - min(steady):.2f} s")
+    print(
+        f"  compiled search (best of {args.repeats})    {min(steady):6.3f} s  -> compilation ~ "
+        f"{first - min(steady):.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,22 @@ from calibration.predict import predict_rows, predict_table
 from calibration.profile import PROFILE_SCHEMA, load_profile_constants, read_profile
 
 __all__ = [
-    "CollabFit", "FitResult", "PROFILE_SCHEMA", "Parameterization", "build_batch", "fit", "fit_collab", "load_collab_table", "load_measurements",
-    "load_profile_constants", "normalise_measurements", "objective", "parse_free", "predict_rows",
-    "predict_table", "predicted_step_time_s", "read_profile", "resolve_rows",
+    "CollabFit",
+    "FitResult",
+    "PROFILE_SCHEMA",
+    "Parameterization",
+    "build_batch",
+    "fit",
+    "fit_collab",
+    "load_collab_table",
+    "load_measurements",
+    "load_profile_constants",
+    "normalise_measurements",
+    "objective",
+    "parse_free",
+    "predict_rows",
+    "predict_table",
+    "predicted_step_time_s",
+    "read_profile",
+    "resolve_rows",
 ]

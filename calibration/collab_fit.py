@@ -39,16 +39,20 @@ import pandas as pd
 from calibration.fit import adam_then_lbfgs
 from calibration.parameterization import Parameterization
 from perfmodel import collab
-from perfmodel.errors import AisimError, bad_value
-from perfmodel.units import parse_count
+from simbase.errors import AisimError, bad_value
+from simbase.units import parse_count
 
 ADAM_STEPS = 1500
 ADAM_LR = 0.05
 LBFGS_STEPS = 150
 PRIOR_WEIGHT = 1e-4  # pp² per raw unit squared
 TIME_WEIGHT = 100.0  # pp² per (log error)²: a 10 % error in total time costs as much as 1 pp
-SHARE_COLUMNS = ("compute_utilization_pct", "communication_share_pct", "serialization_share_pct",
-                 "other_share_pct")
+SHARE_COLUMNS = (
+    "compute_utilization_pct",
+    "communication_share_pct",
+    "serialization_share_pct",
+    "other_share_pct",
+)
 _TIME_ALIASES = ("total_task_time", "total_task_time_s")
 _SITE_FREE = ("compute_efficiency", "link_bandwidth_efficiency.wan", "link_latency_s.wan")
 _EPS = 1e-6
@@ -93,9 +97,13 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
         raise AisimError(f"{path}: not a readable CSV table ({e})") from None
     if "model_params" not in df.columns:
         raise AisimError(f"{path}: missing column 'model_params' (sizes like 10M)")
-    sites = sorted({int(m.group(1)) for c in df.columns if (m := re.fullmatch(r"client(\d+)_.*_pct", c))})
+    sites = sorted(
+        {int(m.group(1)) for c in df.columns if (m := re.fullmatch(r"client(\d+)_.*_pct", c))}
+    )
     if not sites or sites != list(range(1, len(sites) + 1)):
-        raise AisimError(f"{path}: expected columns client1_compute_utilization_pct, ... for clients 1..N")
+        raise AisimError(
+            f"{path}: expected columns client1_compute_utilization_pct, ... for clients 1..N"
+        )
     n, p = len(df), len(sites)
     shares = np.full((n, p, len(SHARE_COLUMNS)), np.nan)
     sizes = []
@@ -106,7 +114,9 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
             if parse_count(size) < 8:
                 raise ValueError
         except ValueError:
-            raise bad_value(where, "model_params", size, "a parameter count like 10M or 1.5B") from None
+            raise bad_value(
+                where, "model_params", size, "a parameter count like 10M or 1.5B"
+            ) from None
         sizes.append(size)
         for i in range(p):
             for j, col in enumerate(SHARE_COLUMNS):
@@ -114,10 +124,26 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
                 if name in df.columns:
                     shares[r, i, j] = _number(df[name].iloc[r], where, name, 0.0, 100.0)
     tcol = next((c for c in _TIME_ALIASES if c in df.columns), None)
-    total = np.array([_number(v, f"{path}: row {r + 1}", tcol, 0.0, math.inf, strict=True)
-                      for r, v in enumerate(df[tcol])]) if tcol else np.full(n, np.nan)
-    rcol = np.array([_number(v, f"{path}: row {r + 1}", "rounds", 0.0, math.inf, strict=True)
-                     for r, v in enumerate(df["rounds"])]) if "rounds" in df.columns else np.full(n, np.nan)
+    total = (
+        np.array(
+            [
+                _number(v, f"{path}: row {r + 1}", tcol, 0.0, math.inf, strict=True)
+                for r, v in enumerate(df[tcol])
+            ]
+        )
+        if tcol
+        else np.full(n, np.nan)
+    )
+    rcol = (
+        np.array(
+            [
+                _number(v, f"{path}: row {r + 1}", "rounds", 0.0, math.inf, strict=True)
+                for r, v in enumerate(df["rounds"])
+            ]
+        )
+        if "rounds" in df.columns
+        else np.full(n, np.nan)
+    )
     if rounds is not None:
         if not rounds > 0:
             raise bad_value("command line", "--rounds", rounds, "a positive number of rounds")
@@ -125,12 +151,24 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
     fitted = np.isfinite(shares).any(axis=(1, 2))
     if not fitted.any():
         raise AisimError(f"{path}: no row gives a percentage: nothing to fit")
-    return CollabTable(sizes=sizes, shares=shares, total_time_s=total, rounds=rcol, fitted=fitted,
-                       num_sites=p, path=str(path), source_sha256=hashlib.sha256(raw).hexdigest())
+    return CollabTable(
+        sizes=sizes,
+        shares=shares,
+        total_time_s=total,
+        rounds=rcol,
+        fitted=fitted,
+        num_sites=p,
+        path=str(path),
+        source_sha256=hashlib.sha256(raw).hexdigest(),
+    )
 
 
 def _number(v, where, field, lo, hi, strict=False) -> float:
-    if v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip()):
+    if (
+        v is None
+        or (isinstance(v, float) and math.isnan(v))
+        or (isinstance(v, str) and not v.strip())
+    ):
         return math.nan
     try:
         x = float(v)
@@ -185,23 +223,34 @@ class CollabParameterization:
         """Sites and aggregator with the free entries replaced by ``raw``'s values."""
         consts = []
         for i in range(self.num_sites):
-            r = {"compute_efficiency": raw[f"site{i + 1}.compute_efficiency"],
-                 "link_bandwidth_efficiency.wan": raw["wan.bandwidth_efficiency"],
-                 "link_latency_s.wan": raw["wan.latency_s"]}
+            r = {
+                "compute_efficiency": raw[f"site{i + 1}.compute_efficiency"],
+                "link_bandwidth_efficiency.wan": raw["wan.bandwidth_efficiency"],
+                "link_latency_s.wan": raw["wan.latency_s"],
+            }
             consts.append(self._site_param(i).constants(r))
         one = jax.nn.softplus(_softplus_inv(jnp.ones(())))
         serde = jax.nn.softplus(raw["serde_factor"]) / one
         aggf = jax.nn.softplus(raw["aggregation_factor"]) / one
-        overhead = jnp.stack([self.overhead_scale_s * jax.nn.softplus(raw[f"site{i + 1}.overhead_s"])
-                              for i in range(self.num_sites)])
+        overhead = jnp.stack(
+            [
+                self.overhead_scale_s * jax.nn.softplus(raw[f"site{i + 1}.overhead_s"])
+                for i in range(self.num_sites)
+            ]
+        )
         sites = dataclasses.replace(
-            self.sites, consts=collab.stack(consts), overhead_s=overhead,
+            self.sites,
+            consts=collab.stack(consts),
+            overhead_s=overhead,
             serialize_bytes_per_s=self.sites.serialize_bytes_per_s * serde,
-            deserialize_bytes_per_s=self.sites.deserialize_bytes_per_s * serde)
+            deserialize_bytes_per_s=self.sites.deserialize_bytes_per_s * serde,
+        )
         agg = dataclasses.replace(
-            self.agg, time_factor=self.agg.time_factor * aggf,
+            self.agg,
+            time_factor=self.agg.time_factor * aggf,
             serialize_bytes_per_s=self.agg.serialize_bytes_per_s * serde,
-            deserialize_bytes_per_s=self.agg.deserialize_bytes_per_s * serde)
+            deserialize_bytes_per_s=self.agg.deserialize_bytes_per_s * serde,
+        )
         return sites, agg
 
     def physical(self, raw: dict[str, jax.Array]) -> dict[str, float]:
@@ -212,8 +261,12 @@ class CollabParameterization:
             out[f"site{i + 1}.matmul_efficiency_max"] = float(sites.consts.matmul_efficiency_max[i])
             out[f"site{i + 1}.memory_efficiency_max"] = float(sites.consts.memory_efficiency_max[i])
             out[f"site{i + 1}.overhead_s"] = float(sites.overhead_s[i])
-        out["wan.bandwidth_efficiency"] = float(sites.consts.link_bandwidth_efficiency[0, collab.WAN])
-        out["wan.effective_bandwidth_bytes_per_s"] = float(sites.up_bytes_per_s[0] * out["wan.bandwidth_efficiency"])
+        out["wan.bandwidth_efficiency"] = float(
+            sites.consts.link_bandwidth_efficiency[0, collab.WAN]
+        )
+        out["wan.effective_bandwidth_bytes_per_s"] = float(
+            sites.up_bytes_per_s[0] * out["wan.bandwidth_efficiency"]
+        )
         out["wan.latency_s"] = float(sites.consts.link_latency_s[0, collab.WAN])
         out["serialize_bytes_per_s"] = float(sites.serialize_bytes_per_s[0])
         out["deserialize_bytes_per_s"] = float(sites.deserialize_bytes_per_s[0])
@@ -231,12 +284,28 @@ def predicted(param: CollabParameterization, raw, models, setup) -> collab.Round
 
 
 def _shares(tl: collab.RoundTimeline) -> jax.Array:
-    return jnp.stack([tl.compute_share_pct, tl.communication_share_pct, tl.serialization_share_pct,
-                      tl.other_share_pct], axis=-1)
+    return jnp.stack(
+        [
+            tl.compute_share_pct,
+            tl.communication_share_pct,
+            tl.serialization_share_pct,
+            tl.other_share_pct,
+        ],
+        axis=-1,
+    )
 
 
-def objective(raw, param: CollabParameterization, models, setup, target, mask, log_total, time_mask,
-              log_rounds):
+def objective(
+    raw,
+    param: CollabParameterization,
+    models,
+    setup,
+    target,
+    mask,
+    log_total,
+    time_mask,
+    log_rounds,
+):
     """Mean squared percentage error (pp²) + ``TIME_WEIGHT`` · mean squared log time error + prior."""
     tl = predicted(param, raw, models, setup)
     err = jnp.where(mask, _shares(tl) - target, 0.0)
@@ -249,15 +318,28 @@ def objective(raw, param: CollabParameterization, models, setup, target, mask, l
 
 
 @functools.partial(jax.jit, static_argnames=("num_sites", "setup_static"))
-def _solve(sites, agg, num_sites, setup_static, setup_leaves, models, target, mask, log_total,
-           time_mask, log_rounds):
+def _solve(
+    sites,
+    agg,
+    num_sites,
+    setup_static,
+    setup_leaves,
+    models,
+    target,
+    mask,
+    log_total,
+    time_mask,
+    log_rounds,
+):
     setup = collab.Setup(*setup_leaves, *setup_static)
     param = CollabParameterization(sites=sites, agg=agg, num_sites=num_sites)
 
     def f(raw):
         return objective(raw, param, models, setup, target, mask, log_total, time_mask, log_rounds)
 
-    return adam_then_lbfgs(f, param.init(), adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS, lr=ADAM_LR)
+    return adam_then_lbfgs(
+        f, param.init(), adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS, lr=ADAM_LR
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,8 +374,10 @@ def fit_collab(table: CollabTable, scenario: collab.Scenario) -> CollabFit:
       AisimError: the scenario's number of clients differs from the table's.
     """
     if scenario.num_sites != table.num_sites:
-        raise AisimError(f"{table.path}: the table has {table.num_sites} clients but the scenario has "
-                         f"{scenario.num_sites} (pass --clients {table.num_sites})")
+        raise AisimError(
+            f"{table.path}: the table has {table.num_sites} clients but the scenario has "
+            f"{scenario.num_sites} (pass --clients {table.num_sites})"
+        )
     sites, agg, setup = collab.scenario_parts(scenario)
     models = collab.size_models(table.sizes)
     idx = np.flatnonzero(table.fitted)
@@ -304,9 +388,19 @@ def fit_collab(table: CollabTable, scenario: collab.Scenario) -> CollabFit:
     log_total = np.log(np.where(tmask, table.total_time_s[idx], 1.0)).astype(np.float32)
     log_rounds = np.log(np.where(tmask, table.rounds[idx], 1.0)).astype(np.float32)
     static = (setup.mode, setup.topology, setup.compression)
-    raw, loss = _solve(sites, agg, scenario.num_sites, static, (setup.topk_fraction, setup.num_microbatches),
-                       fit_models, jnp.asarray(target), jnp.asarray(mask), jnp.asarray(log_total),
-                       jnp.asarray(tmask), jnp.asarray(log_rounds))
+    raw, loss = _solve(
+        sites,
+        agg,
+        scenario.num_sites,
+        static,
+        (setup.topk_fraction, setup.num_microbatches),
+        fit_models,
+        jnp.asarray(target),
+        jnp.asarray(mask),
+        jnp.asarray(log_total),
+        jnp.asarray(tmask),
+        jnp.asarray(log_rounds),
+    )
     param = CollabParameterization(sites=sites, agg=agg, num_sites=scenario.num_sites)
     fsites, fagg = param.build(raw)
     tl = collab.sweep(models, fsites, fagg, setup)
@@ -320,15 +414,32 @@ def fit_collab(table: CollabTable, scenario: collab.Scenario) -> CollabFit:
             for j, col in enumerate(SHARE_COLUMNS):
                 g = table.shares[r, i, j]
                 if not table.fitted[r] or np.isfinite(g) or j < 3:
-                    recs.append({"model_params": size, "column": f"client{i + 1}_{col}", "given": g,
-                                 "aisim": pred[r, i, j], "error_pp": pred[r, i, j] - g})
-    rows = collab.timeline_frame(table.sizes, tl, np.where(np.isfinite(table.rounds), table.rounds, 1.0))
+                    recs.append(
+                        {
+                            "model_params": size,
+                            "column": f"client{i + 1}_{col}",
+                            "given": g,
+                            "aisim": pred[r, i, j],
+                            "error_pp": pred[r, i, j] - g,
+                        }
+                    )
+    rows = collab.timeline_frame(
+        table.sizes, tl, np.where(np.isfinite(table.rounds), table.rounds, 1.0)
+    )
     rows.insert(3, "given_total_task_time_s", table.total_time_s)
     rows.insert(4, "given_rounds", table.rounds)
     rows.insert(5, "implied_rounds", table.total_time_s / rows["round_time_s"].to_numpy())
     rows.insert(6, "fitted", table.fitted)
-    return CollabFit(values=param.physical(raw), rms_error_pp=rms, table=pd.DataFrame(recs), rows=rows,
-                     sites=fsites, agg=fagg, loss=float(loss), num_fitted_values=int(given_mask.sum()))
+    return CollabFit(
+        values=param.physical(raw),
+        rms_error_pp=rms,
+        table=pd.DataFrame(recs),
+        rows=rows,
+        sites=fsites,
+        agg=fagg,
+        loss=float(loss),
+        num_fitted_values=int(given_mask.sum()),
+    )
 
 
 # --------------------------------------------------------------------- profiles
@@ -338,28 +449,43 @@ COLLAB_KIND = "collab"
 
 def fit_profile(fit: CollabFit, table: CollabTable, scenario: collab.Scenario) -> dict:
     """The ``aisim.profile/1`` document of a fit (its ``collab.fit`` block; see :func:`apply_profile`)."""
-    from aisim import __version__
     from calibration.profile import PROFILE_SCHEMA
+    from simbase import version
 
     return {
-        "schema": PROFILE_SCHEMA, "kind": COLLAB_KIND, "created_by": f"aisim {__version__}",
-        "collab": {"fit": {
-            "values": fit.values, "rms_error_pp": fit.rms_error_pp,
-            "fitted_percentages": fit.num_fitted_values, "rows": int(table.fitted.sum()),
-            "data": Path(table.path).name, "data_sha256": table.source_sha256,
-            "scenario": {"hardware": [h.name for h in scenario.hardware], "aggregator": scenario.aggregator.name,
-                         "mode": scenario.mode, "topology": scenario.topology},
-        }},
+        "schema": PROFILE_SCHEMA,
+        "kind": COLLAB_KIND,
+        "created_by": f"aisim {version()}",
+        "collab": {
+            "fit": {
+                "values": fit.values,
+                "rms_error_pp": fit.rms_error_pp,
+                "fitted_percentages": fit.num_fitted_values,
+                "rows": int(table.fitted.sum()),
+                "data": Path(table.path).name,
+                "data_sha256": table.source_sha256,
+                "scenario": {
+                    "hardware": [h.name for h in scenario.hardware],
+                    "aggregator": scenario.aggregator.name,
+                    "mode": scenario.mode,
+                    "topology": scenario.topology,
+                },
+            }
+        },
     }
 
 
 def serde_profile(results: dict[str, dict[str, float]], measurements: list[dict]) -> dict:
     """The ``aisim.profile/1`` document of measured (de)serialisation throughputs by format."""
-    from aisim import __version__
     from calibration.profile import PROFILE_SCHEMA
+    from simbase import version
 
-    return {"schema": PROFILE_SCHEMA, "kind": COLLAB_KIND, "created_by": f"aisim {__version__}",
-            "collab": {"serde": results, "serde_measurements": measurements}}
+    return {
+        "schema": PROFILE_SCHEMA,
+        "kind": COLLAB_KIND,
+        "created_by": f"aisim {version()}",
+        "collab": {"serde": results, "serde_measurements": measurements},
+    }
 
 
 def _positive_number(doc: dict, key: str, where: str) -> float:
@@ -369,8 +495,12 @@ def _positive_number(doc: dict, key: str, where: str) -> float:
     return float(v)
 
 
-def apply_profile(scenario: collab.Scenario, path: str | Path, serde_format: str = "msgpack",
-                  keep_latency: bool = False) -> collab.Scenario:
+def apply_profile(
+    scenario: collab.Scenario,
+    path: str | Path,
+    serde_format: str = "msgpack",
+    keep_latency: bool = False,
+) -> collab.Scenario:
     """A scenario with a collaboration profile's values applied.
 
     A ``collab.serde`` block (``aisim collab measure-serde``) sets the (de)serialisation
@@ -387,16 +517,24 @@ def apply_profile(scenario: collab.Scenario, path: str | Path, serde_format: str
     doc = read_profile(path)
     block = doc.get("collab")
     if not isinstance(block, dict):
-        raise AisimError(f"{path}: no 'collab' block: write one with `aisim collab fit` or "
-                         f"`aisim collab measure-serde`")
+        raise AisimError(
+            f"{path}: no 'collab' block: write one with `aisim collab fit` or "
+            f"`aisim collab measure-serde`"
+        )
     changes: dict = {}
     serde = block.get("serde")
     if isinstance(serde, dict):
         if serde_format not in serde:
-            raise bad_value(str(path), "collab.serde", serde_format, f"a measured format ({', '.join(serde)})")
+            raise bad_value(
+                str(path), "collab.serde", serde_format, f"a measured format ({', '.join(serde)})"
+            )
         w = f"{path}: collab.serde.{serde_format}"
-        changes["serialize_bytes_per_s"] = _positive_number(serde[serde_format], "serialize_bytes_per_s", w)
-        changes["deserialize_bytes_per_s"] = _positive_number(serde[serde_format], "deserialize_bytes_per_s", w)
+        changes["serialize_bytes_per_s"] = _positive_number(
+            serde[serde_format], "serialize_bytes_per_s", w
+        )
+        changes["deserialize_bytes_per_s"] = _positive_number(
+            serde[serde_format], "deserialize_bytes_per_s", w
+        )
     fitted = block.get("fit")
     if isinstance(fitted, dict):
         v = fitted.get("values", {})
@@ -408,22 +546,38 @@ def apply_profile(scenario: collab.Scenario, path: str | Path, serde_format: str
             c = hw.constants if base[i] is None else base[i]
             if f"site{i + 1}.overhead_s" in v:
                 c = dataclasses.replace(
-                    c, matmul_efficiency_max=jnp.asarray(_positive_number(v, f"site{i + 1}.matmul_efficiency_max", w)),
-                    memory_efficiency_max=jnp.asarray(_positive_number(v, f"site{i + 1}.memory_efficiency_max", w)))
+                    c,
+                    matmul_efficiency_max=jnp.asarray(
+                        _positive_number(v, f"site{i + 1}.matmul_efficiency_max", w)
+                    ),
+                    memory_efficiency_max=jnp.asarray(
+                        _positive_number(v, f"site{i + 1}.memory_efficiency_max", w)
+                    ),
+                )
                 overheads.append(_positive_number(v, f"site{i + 1}.overhead_s", w))
             else:
                 overheads.append(old_over[i])
-            eff = jnp.asarray(c.link_bandwidth_efficiency).at[collab.WAN].set(
-                _positive_number(v, "wan.bandwidth_efficiency", w))
+            eff = (
+                jnp.asarray(c.link_bandwidth_efficiency)
+                .at[collab.WAN]
+                .set(_positive_number(v, "wan.bandwidth_efficiency", w))
+            )
             c = dataclasses.replace(c, link_bandwidth_efficiency=eff)
             if not keep_latency:
-                c = dataclasses.replace(c, link_latency_s=jnp.asarray(c.link_latency_s).at[collab.WAN].set(
-                    _positive_number(v, "wan.latency_s", w)))
+                c = dataclasses.replace(
+                    c,
+                    link_latency_s=jnp.asarray(c.link_latency_s)
+                    .at[collab.WAN]
+                    .set(_positive_number(v, "wan.latency_s", w)),
+                )
             consts.append(c)
-        changes.update(consts=tuple(consts), overhead_s=tuple(overheads),
-                       serialize_bytes_per_s=_positive_number(v, "serialize_bytes_per_s", w),
-                       deserialize_bytes_per_s=_positive_number(v, "deserialize_bytes_per_s", w),
-                       aggregation_time_factor=_positive_number(v, "aggregation_time_factor", w))
+        changes.update(
+            consts=tuple(consts),
+            overhead_s=tuple(overheads),
+            serialize_bytes_per_s=_positive_number(v, "serialize_bytes_per_s", w),
+            deserialize_bytes_per_s=_positive_number(v, "deserialize_bytes_per_s", w),
+            aggregation_time_factor=_positive_number(v, "aggregation_time_factor", w),
+        )
     if not changes:
         raise AisimError(f"{path}: the 'collab' block has neither 'serde' nor 'fit'")
     return dataclasses.replace(scenario, **changes)

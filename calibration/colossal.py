@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from calibration.measurements import normalise_measurements, preset_name
-from perfmodel.errors import AisimError, bad_value
+from simbase.errors import AisimError, bad_value
 
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _LAUNCHER = re.compile(

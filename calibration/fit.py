@@ -80,8 +80,9 @@ class FitResult:
         return float(np.max(np.abs(e))) if e.size else None
 
 
-def adam_then_lbfgs(f, init, *, adam_steps: int = ADAM_STEPS, lbfgs_steps: int = LBFGS_STEPS,
-                    lr: float = ADAM_LR):
+def adam_then_lbfgs(
+    f, init, *, adam_steps: int = ADAM_STEPS, lbfgs_steps: int = LBFGS_STEPS, lr: float = ADAM_LR
+):
     """Minimises ``f`` from ``init`` (a PyTree of raw values): ``adam_steps`` of Adam, then
     ``lbfgs_steps`` of L-BFGS. Traceable, so callers run it inside their own ``jit``.
 
@@ -115,7 +116,9 @@ def adam_then_lbfgs(f, init, *, adam_steps: int = ADAM_STEPS, lbfgs_steps: int =
 
 
 @functools.partial(jax.jit, static_argnames=("free", "adam_steps", "lbfgs_steps"))
-def _solve(free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS):
+def _solve(
+    free, base, groups, order, log_t, weights, adam_steps=ADAM_STEPS, lbfgs_steps=LBFGS_STEPS
+):
     param = Parameterization(base=base, free=free)
 
     def f(raw):
@@ -163,8 +166,12 @@ def _solve_1d(free, base, groups, order, log_t, weights):
     return {name: x}, f(x)
 
 
-def solve(param: Parameterization, batch: RowBatch, measured_s: np.ndarray,
-          weights: np.ndarray | None = None) -> tuple[dict[str, jax.Array], float]:
+def solve(
+    param: Parameterization,
+    batch: RowBatch,
+    measured_s: np.ndarray,
+    weights: np.ndarray | None = None,
+) -> tuple[dict[str, jax.Array], float]:
     """The raw values minimising the objective over the rows with weight > 0, and the loss.
 
     Compiled once per set of free names and row shapes, so cross-validation folds reuse it.
@@ -174,8 +181,14 @@ def solve(param: Parameterization, batch: RowBatch, measured_s: np.ndarray,
     # one free entry (the single-row `efficiency` calibration): a bracketing search, robust where
     # the step model's gradient is not finite (zero-size kernel classes of an MLP)
     fn = _solve_1d if len(param.free) == 1 else _solve
-    raw, value = fn(param.free, param.base, batch.groups, jnp.asarray(batch.order),
-                    jnp.log(jnp.asarray(measured_s, jnp.float32)), jnp.asarray(w))
+    raw, value = fn(
+        param.free,
+        param.base,
+        batch.groups,
+        jnp.asarray(batch.order),
+        jnp.log(jnp.asarray(measured_s, jnp.float32)),
+        jnp.asarray(w),
+    )
     return raw, float(value)
 
 
@@ -192,8 +205,15 @@ def _uncertainty(param, batch, measured_s, raw, residuals) -> dict[str, float | 
     n, p = len(measured_s), len(param.free)
     if n <= p:
         return {k: None for k in param.free}
-    h, jac = _curvature(param.free, param.base, batch.groups, jnp.asarray(batch.order),
-                        jnp.log(jnp.asarray(measured_s, jnp.float32)), jnp.ones(n, jnp.float32), raw)
+    h, jac = _curvature(
+        param.free,
+        param.base,
+        batch.groups,
+        jnp.asarray(batch.order),
+        jnp.log(jnp.asarray(measured_s, jnp.float32)),
+        jnp.ones(n, jnp.float32),
+        raw,
+    )
     h = np.asarray(h, np.float64)
     jac = np.asarray(jac, np.float64)
     sigma2 = float(np.sum(residuals**2) / (n - p))
@@ -203,8 +223,14 @@ def _uncertainty(param, batch, measured_s, raw, residuals) -> dict[str, float | 
     return {k: float(std[order.index(k)]) for k in param.free}
 
 
-def fit(param: Parameterization, batch: RowBatch, measured_s: np.ndarray, *, seed: int = 0,
-        cross_validate: bool = True) -> FitResult:
+def fit(
+    param: Parameterization,
+    batch: RowBatch,
+    measured_s: np.ndarray,
+    *,
+    seed: int = 0,
+    cross_validate: bool = True,
+) -> FitResult:
     """Fits ``param``'s free constants to every row of ``batch``, then cross-validates.
 
     Args:
@@ -227,12 +253,25 @@ def fit(param: Parameterization, batch: RowBatch, measured_s: np.ndarray, *, see
         w = ones.copy()
         w[held] = 0.0
         raw_k, _ = solve(param, batch, measured_s, w)
-        cv_pred[held] = np.asarray(predicted_step_time_s(batch, param.constants(raw_k)), np.float64)[held]
-    method = "none" if not folds else ("leave-one-out" if n <= LOO_MAX_ROWS else f"k-fold (k={K_FOLDS})")
+        cv_pred[held] = np.asarray(
+            predicted_step_time_s(batch, param.constants(raw_k)), np.float64
+        )[held]
+    method = (
+        "none" if not folds else ("leave-one-out" if n <= LOO_MAX_ROWS else f"k-fold (k={K_FOLDS})")
+    )
     residuals = np.log(pred / measured_s)
     std = _uncertainty(param, batch, measured_s, raw, residuals)
     values = {k: float(v) for k, v in param.physical(raw).items()}
-    return FitResult(free=param.free, values=values, stddev=std, constants=c, measured_s=measured_s,
-                     predicted_s=pred, error_pct=err, cv_predicted_s=cv_pred,
-                     cv_error_pct=100.0 * (cv_pred / measured_s - 1.0), cv_method=method,
-                     loss=value)
+    return FitResult(
+        free=param.free,
+        values=values,
+        stddev=std,
+        constants=c,
+        measured_s=measured_s,
+        predicted_s=pred,
+        error_pct=err,
+        cv_predicted_s=cv_pred,
+        cv_error_pct=100.0 * (cv_pred / measured_s - 1.0),
+        cv_method=method,
+        loss=value,
+    )

@@ -31,7 +31,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from perfmodel.errors import AisimError, bad_value
+from simbase.errors import AisimError, bad_value
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 # device_kind substrings -> hardware preset, most specific first.

@@ -11,7 +11,7 @@ returns a DataFrame with canonical names, normalised values and these derived co
 - ``source_file`` and ``source_row`` (1-based data row, the header not counted).
 
 Unknown columns pass through unchanged. Every bad cell is reported as ``FILE:ROW: field 'COL'
-= V: expected ...``; all of them are collected into one :class:`~perfmodel.errors.AisimError`
+= V: expected ...``; all of them are collected into one :class:`~simbase.errors.AisimError`
 (first line a summary), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
 are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
 turns blanks into NaN), ``sequence_parallel``, ``dp_overlap`` and ``fused_attention`` the nullable
@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from perfmodel.errors import AisimError, bad_value, suggest
+from simbase.errors import AisimError, bad_value, suggest
 
 Purpose = Literal["any", "fit", "predict"]
 

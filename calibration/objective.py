@@ -28,16 +28,23 @@ import pandas as pd
 
 from calibration.parameterization import Parameterization
 from perfmodel.constants import Constants
-from perfmodel.errors import AisimError, bad_value
 from perfmodel.hardware import Hardware, HardwareSpec, load_hardware
 from perfmodel.step_time import step_time
 from perfmodel.strategy import SCHEDULES, Strategy, strategy_from_knobs
 from perfmodel.workload import Model, ModelSpec, load_model, model_from_dict, with_overrides
+from simbase.errors import AisimError, bad_value
 
 HUBER_DELTA = 0.1  # residuals beyond 10% in log space count linearly (robust to outliers)
 PRIOR_WEIGHT = 1e-6  # per raw unit squared: weak, only decides what the data cannot
-DIM_COLUMNS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-               "seq_len", "vocab_size")
+DIM_COLUMNS = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "seq_len",
+    "vocab_size",
+)
 # knobs a row may leave blank for `predict` to search, and their defaults otherwise
 SEARCHABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel", "tp", "pp")
 _DEFAULT_VOCAB = 51200
@@ -99,14 +106,20 @@ def _where(row: pd.Series, i: int) -> str:
 def _model_of(row: pd.Series, where: str, cache: dict) -> Model:
     name = _val(row, "model")
     if name is None:
-        raise AisimError(f"{where}: field 'model' is blank: expected a model preset name (or --model)")
+        raise AisimError(
+            f"{where}: field 'model' is blank: expected a model preset name (or --model)"
+        )
     dims = {c: _val(row, c) for c in DIM_COLUMNS}
     if name == "custom" and _val(row, "model_kind") == "mlp":  # `aisim measure --params` rows
         doc = {k: _val(row, k) for k in ("num_layers", "hidden_size", "input_size", "output_size")}
-        return model_from_dict({**{k: v for k, v in doc.items() if v is not None},
-                                "kind": "mlp", "name": "custom"}, where)
+        return model_from_dict(
+            {**{k: v for k, v in doc.items() if v is not None}, "kind": "mlp", "name": "custom"},
+            where,
+        )
     if name == "custom":
-        missing = [c for c in ("num_layers", "hidden_size", "num_heads", "seq_len") if dims[c] is None]
+        missing = [
+            c for c in ("num_layers", "hidden_size", "num_heads", "seq_len") if dims[c] is None
+        ]
         if missing:
             raise AisimError(f"{where}: model 'custom' needs the columns {', '.join(missing)}")
         doc = {k: v for k, v in dims.items() if v is not None}
@@ -118,9 +131,17 @@ def _model_of(row: pd.Series, where: str, cache: dict) -> Model:
     m = cache[name]
     if m.spec.kind == "mlp":
         # a resized MLP (aisim measure) also records its input and output widths
-        dims = {"num_layers": dims["num_layers"], "hidden_size": dims["hidden_size"],
-                "input_size": _val(row, "input_size"), "output_size": _val(row, "output_size")}
-    if dims.get("hidden_size") is not None and dims.get("ffn_hidden_size") is None and m.spec.kind == "transformer":
+        dims = {
+            "num_layers": dims["num_layers"],
+            "hidden_size": dims["hidden_size"],
+            "input_size": _val(row, "input_size"),
+            "output_size": _val(row, "output_size"),
+        }
+    if (
+        dims.get("hidden_size") is not None
+        and dims.get("ffn_hidden_size") is None
+        and m.spec.kind == "transformer"
+    ):
         if float(m.spec.ffn_hidden_size) == 4.0 * float(m.spec.hidden_size):
             dims["ffn_hidden_size"] = 4 * dims["hidden_size"]
     if m.spec.kind == "mlp" and dims.get("hidden_size") is not None:
@@ -143,17 +164,38 @@ def resolve_rows(df: pd.DataFrame, hardware: str | None = None) -> list[RowConfi
         where = _where(row, i)
         hw_name = _val(row, "hardware") or hardware
         if hw_name is None:
-            raise AisimError(f"{where}: field 'hardware' is blank: expected a hardware preset (or --hardware)")
+            raise AisimError(
+                f"{where}: field 'hardware' is blank: expected a hardware preset (or --hardware)"
+            )
         if hw_name not in hws:
             hws[hw_name] = load_hardware(hw_name)
-        knobs = {k: _val(row, k) for k in ("dp", "tp", "pp", "num_gpus", "global_batch_size",
-                                           "micro_batch_size", "num_microbatches", "interleave",
-                                           "recompute", "sequence_parallel", "zero_stage", "dtype",
-                                           "gpus_per_node", "schedule", "dp_overlap",
-                                           "fused_attention")}
+        knobs = {
+            k: _val(row, k)
+            for k in (
+                "dp",
+                "tp",
+                "pp",
+                "num_gpus",
+                "global_batch_size",
+                "micro_batch_size",
+                "num_microbatches",
+                "interleave",
+                "recompute",
+                "sequence_parallel",
+                "zero_stage",
+                "dtype",
+                "gpus_per_node",
+                "schedule",
+                "dp_overlap",
+                "fused_attention",
+            )
+        }
         knobs["_blank"] = tuple(k for k in SEARCHABLE if k in row.index and knobs[k] is None)
-        out.append(RowConfig(model=_model_of(row, where, models), hardware=hws[hw_name], knobs=knobs,
-                             where=where))
+        out.append(
+            RowConfig(
+                model=_model_of(row, where, models), hardware=hws[hw_name], knobs=knobs, where=where
+            )
+        )
     return out
 
 
@@ -192,7 +234,11 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
     if k["dp"] is None and int(num_gpus) % (tp * pp) == 0:
         k["dp"] = int(num_gpus) // (tp * pp)
     mbs = k["micro_batch_size"] if k["micro_batch_size"] is not None else default_micro_batch(k)
-    gpn = k["gpus_per_node"] if k["gpus_per_node"] is not None else int(rc.hardware.spec.gpus_per_node)
+    gpn = (
+        k["gpus_per_node"]
+        if k["gpus_per_node"] is not None
+        else int(rc.hardware.spec.gpus_per_node)
+    )
     interleave = int(k["interleave"] or 1)
     schedule = k["schedule"]
     if schedule is None:
@@ -202,17 +248,34 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
         num_layers=int(spec.num_layers),
         num_heads=int(spec.num_heads) if is_tf else int(spec.hidden_size),
         num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size),
-        num_gpus=int(num_gpus), tp=tp, pp=pp, dp=None if k["dp"] is None else int(k["dp"]),
+        num_gpus=int(num_gpus),
+        tp=tp,
+        pp=pp,
+        dp=None if k["dp"] is None else int(k["dp"]),
         global_batch=None if k["global_batch_size"] is None else int(k["global_batch_size"]),
-        micro_batch_size=int(mbs), num_microbatches=None if nmb is None else int(nmb),
+        micro_batch_size=int(mbs),
+        num_microbatches=None if nmb is None else int(nmb),
         schedule=str(schedule).lower() if not isinstance(schedule, int) else SCHEDULES[schedule],
-        interleave=interleave, zero_stage=int(k["zero_stage"] or 0),
-        recompute=str(k["recompute"] or "none"), sequence_parallel=bool(k["sequence_parallel"] or False),
-        dtype=str(k["dtype"] or "bf16"), dp_overlap=True if k["dp_overlap"] is None else bool(k["dp_overlap"]),
-        fused_attention=bool(k["fused_attention"] or False), gpus_per_node=int(gpn), where=rc.where,
-        names={"tp": "tp", "pp": "pp", "num_gpus": "num_gpus", "global_batch": "global_batch_size",
-               "micro_batch_size": "micro_batch_size", "interleave": "interleave", "dp": "dp",
-               "num_microbatches": "num_microbatches", "zero_stage": "zero_stage"},
+        interleave=interleave,
+        zero_stage=int(k["zero_stage"] or 0),
+        recompute=str(k["recompute"] or "none"),
+        sequence_parallel=bool(k["sequence_parallel"] or False),
+        dtype=str(k["dtype"] or "bf16"),
+        dp_overlap=True if k["dp_overlap"] is None else bool(k["dp_overlap"]),
+        fused_attention=bool(k["fused_attention"] or False),
+        gpus_per_node=int(gpn),
+        where=rc.where,
+        names={
+            "tp": "tp",
+            "pp": "pp",
+            "num_gpus": "num_gpus",
+            "global_batch": "global_batch_size",
+            "micro_batch_size": "micro_batch_size",
+            "interleave": "interleave",
+            "dp": "dp",
+            "num_microbatches": "num_microbatches",
+            "zero_stage": "zero_stage",
+        },
     )
 
 
@@ -231,9 +294,13 @@ def build_batch(rows: list[RowConfig], strategies: list[Strategy] | None = None)
     order = np.zeros(len(rows), np.int64)
     pos = 0
     for (_, _kind), idx in keys.items():
-        groups.append(RowGroup(model=_stack([rows[i].model.spec for i in idx]),
-                               hw=rows[idx[0]].hardware.spec,
-                               strategy=_stack([strategies[i] for i in idx])))
+        groups.append(
+            RowGroup(
+                model=_stack([rows[i].model.spec for i in idx]),
+                hw=rows[idx[0]].hardware.spec,
+                strategy=_stack([strategies[i] for i in idx]),
+            )
+        )
         for i in idx:
             order[i] = pos
             pos += 1
@@ -241,8 +308,10 @@ def build_batch(rows: list[RowConfig], strategies: list[Strategy] | None = None)
 
 
 def _group_times(groups: tuple[RowGroup, ...], order: jax.Array, c: Constants) -> jax.Array:
-    times = [jax.vmap(step_time, in_axes=(0, None, None, 0))(g.model, g.hw, c, g.strategy).step_time_s
-             for g in groups]
+    times = [
+        jax.vmap(step_time, in_axes=(0, None, None, 0))(g.model, g.hw, c, g.strategy).step_time_s
+        for g in groups
+    ]
     return jnp.concatenate(times)[order]
 
 
@@ -254,9 +323,16 @@ def predicted_step_time_s(batch: RowBatch, c: Constants) -> jax.Array:
     return _group_times_jit(batch.groups, jnp.asarray(batch.order), c)
 
 
-def objective(raw: dict[str, jax.Array], param: Parameterization, groups: tuple[RowGroup, ...],
-              order: jax.Array, log_measured_s: jax.Array, weights: jax.Array,
-              prior_weight: float = PRIOR_WEIGHT, delta: float = HUBER_DELTA) -> jax.Array:
+def objective(
+    raw: dict[str, jax.Array],
+    param: Parameterization,
+    groups: tuple[RowGroup, ...],
+    order: jax.Array,
+    log_measured_s: jax.Array,
+    weights: jax.Array,
+    prior_weight: float = PRIOR_WEIGHT,
+    delta: float = HUBER_DELTA,
+) -> jax.Array:
     """The weighted Huber loss on log(predicted / measured) plus the prior (pure; jittable).
 
     Args:
@@ -278,11 +354,15 @@ def objective(raw: dict[str, jax.Array], param: Parameterization, groups: tuple[
 def measured_or_fail(df: pd.DataFrame) -> np.ndarray:
     """The measured step times of the rows that have one (raises when no row has one)."""
     if "has_measurement" not in df.columns or not df["has_measurement"].any():
-        raise AisimError("no row has a measured step time or throughput: nothing to fit "
-                         "(rows without one are for `aisim calibrate predict`)")
+        raise AisimError(
+            "no row has a measured step time or throughput: nothing to fit "
+            "(rows without one are for `aisim calibrate predict`)"
+        )
     t = df["measured_step_time_s"].to_numpy(float)
     bad = ~np.isfinite(t) | (t <= 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise bad_value(_where(df.iloc[i], i), "measured_step_time_s", t[i], "a positive number of seconds")
+        raise bad_value(
+            _where(df.iloc[i], i), "measured_step_time_s", t[i], "a positive number of seconds"
+        )
     return t

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from perfmodel.constants import TIER_KEYS, Constants
-from perfmodel.errors import AisimError, suggest
+from simbase.errors import AisimError, suggest
 
 # field -> (transform, scale of a softplus field in SI units: a typical magnitude, used so that a
 # raw step of 1 is a relative change of order 1 whatever the units)
@@ -43,13 +43,21 @@ FIELDS: dict[str, tuple[str, float]] = {
 PER_TIER = ("link_bandwidth_efficiency", "link_latency_s")
 # shorthand -> the sigmoid entries whose logits one shared shift moves
 GROUPS: dict[str, tuple[str, ...]] = {
-    "efficiency": ("matmul_efficiency_max", "memory_efficiency_max",
-                   *(f"link_bandwidth_efficiency.{t}" for t in TIER_KEYS)),
+    "efficiency": (
+        "matmul_efficiency_max",
+        "memory_efficiency_max",
+        *(f"link_bandwidth_efficiency.{t}" for t in TIER_KEYS),
+    ),
     "compute_efficiency": ("matmul_efficiency_max", "memory_efficiency_max"),
 }
 # what `aisim calibrate fit` frees when --fit is not given
-DEFAULT_FREE = ("matmul_efficiency_max", "matmul_half_flops", "memory_efficiency_max",
-                "kernel_overhead_s", "microbatch_overhead_s")
+DEFAULT_FREE = (
+    "matmul_efficiency_max",
+    "matmul_half_flops",
+    "memory_efficiency_max",
+    "kernel_overhead_s",
+    "microbatch_overhead_s",
+)
 _EPS = 1e-6
 
 
@@ -109,8 +117,10 @@ class Parameterization:
 
     def constants(self, raw: dict[str, jax.Array]) -> Constants:
         """The physical constants of raw values (differentiable; free entries replaced)."""
-        values = {f.name: jnp.asarray(getattr(self.base, f.name), jnp.float32)
-                  for f in dataclasses.fields(Constants)}
+        values = {
+            f.name: jnp.asarray(getattr(self.base, f.name), jnp.float32)
+            for f in dataclasses.fields(Constants)
+        }
         shifts: dict[str, jax.Array] = {}
         for entry in self.free:
             if entry in GROUPS:
@@ -155,18 +165,24 @@ def parse_free(text: str | None, base: Constants) -> Parameterization:
     Raises:
       AisimError: an unknown name (with a suggestion), or a name given twice.
     """
-    names = [n.strip().lower() for n in text.split(",") if n.strip()] if text else list(DEFAULT_FREE)
+    names = (
+        [n.strip().lower() for n in text.split(",") if n.strip()] if text else list(DEFAULT_FREE)
+    )
     valid = entry_names()
     entries: list[str] = []
     for n in names:
         if n not in valid:
-            raise AisimError(f"command line: field '--fit' = {n!r}: expected comma-separated constants "
-                             f"from: {', '.join(valid)}{suggest(n, valid)}")
+            raise AisimError(
+                f"command line: field '--fit' = {n!r}: expected comma-separated constants "
+                f"from: {', '.join(valid)}{suggest(n, valid)}"
+            )
         expanded = [f"{n}.{t}" for t in TIER_KEYS] if n in PER_TIER else [n]
         for e in expanded:
             if e in entries:
                 raise AisimError(f"command line: field '--fit' = {text!r}: {e} is named twice")
             entries.append(e)
     if not entries:
-        raise AisimError("command line: field '--fit' is empty: expected at least one constant name")
+        raise AisimError(
+            "command line: field '--fit' is empty: expected at least one constant name"
+        )
     return Parameterization(base=base, free=tuple(entries))

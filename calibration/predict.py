@@ -24,9 +24,9 @@ import pandas as pd
 
 from calibration.objective import RowConfig, row_strategy
 from perfmodel.constants import Constants
-from perfmodel.errors import AisimError
 from perfmodel.step_time import evaluate_grid
 from perfmodel.strategy import RECOMPUTE, Strategy
+from simbase.errors import AisimError
 
 MAX_MICRO_BATCH = 64
 
@@ -39,7 +39,11 @@ def blank_knobs(rc: RowConfig) -> tuple[str, ...]:
     """The knobs this row leaves for the search."""
     blanks = list(rc.knobs.get("_blank", ()))
     k = rc.knobs
-    if "micro_batch_size" not in blanks and k["micro_batch_size"] is None and k["num_microbatches"] is None:
+    if (
+        "micro_batch_size" not in blanks
+        and k["micro_batch_size"] is None
+        and k["num_microbatches"] is None
+    ):
         blanks.insert(0, "micro_batch_size")
     return tuple(blanks)
 
@@ -80,8 +84,10 @@ def row_grid(rc: RowConfig) -> tuple[list[dict[str, Any]], list[Strategy]]:
     if not strategies:
         if first_error is not None and not blanks:
             raise first_error
-        raise AisimError(f"{rc.where}: no value of the blank knobs {', '.join(blanks)} gives a valid strategy"
-                         + (f" (for example: {first_error})" if first_error else ""))
+        raise AisimError(
+            f"{rc.where}: no value of the blank knobs {', '.join(blanks)} gives a valid strategy"
+            + (f" (for example: {first_error})" if first_error else "")
+        )
     return combos, strategies
 
 
@@ -105,7 +111,9 @@ def predict_rows(rows: list[RowConfig], consts: dict[str, Constants]) -> pd.Data
         best = int(np.argmin(score)) if feasible.any() else int(np.argmin(t))
         rec: dict[str, Any] = {
             "predicted_step_time_s": t[best],
-            "predicted_throughput_samples_per_s": float(np.asarray(out.throughput_samples_per_s)[best]),
+            "predicted_throughput_samples_per_s": float(
+                np.asarray(out.throughput_samples_per_s)[best]
+            ),
             "predicted_tflops_per_gpu": float(np.asarray(out.model_tflops_per_gpu)[best]),
             "predicted_mfu": float(np.asarray(out.mfu)[best]),
             "predicted_feasible": bool(feasible[best]),
@@ -117,14 +125,20 @@ def predict_rows(rows: list[RowConfig], consts: dict[str, Constants]) -> pd.Data
     return pd.DataFrame.from_records(records)
 
 
-def predict_table(df: pd.DataFrame, rows: list[RowConfig], consts: dict[str, Constants],
-                  raw: pd.DataFrame | None = None) -> pd.DataFrame:
+def predict_table(
+    df: pd.DataFrame,
+    rows: list[RowConfig],
+    consts: dict[str, Constants],
+    raw: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Input columns (``raw``, the file as read, or ``df``) followed by the prediction columns."""
     pred = predict_rows(rows, consts)
     if raw is not None and "source_row" in df:
         base = raw.iloc[df["source_row"].astype(int).to_numpy() - 1].reset_index(drop=True)
     else:
-        base = df.drop(columns=[c for c in ("source_file", "has_measurement") if c in df]).reset_index(drop=True)
+        base = df.drop(
+            columns=[c for c in ("source_file", "has_measurement") if c in df]
+        ).reset_index(drop=True)
     out = pd.concat([base, pred], axis=1)
     if "measured_step_time_s" in df:
         m = df["measured_step_time_s"].to_numpy(float)

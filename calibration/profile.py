@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.constants import Constants, constants_from_si_dict
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 PROFILE_SCHEMA = "aisim.profile/1"
 
@@ -32,8 +32,10 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise AisimError(f"{path}: field 'schema' = {doc.get('schema') if isinstance(doc, dict) else doc!r}: "
-                         f"expected {PROFILE_SCHEMA!r} (write one with `aisim calibrate fit --out`)")
+        raise AisimError(
+            f"{path}: field 'schema' = {doc.get('schema') if isinstance(doc, dict) else doc!r}: "
+            f"expected {PROFILE_SCHEMA!r} (write one with `aisim calibrate fit --out`)"
+        )
     return doc
 
 
@@ -47,7 +49,9 @@ def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profil
             raise AisimError(f"{where}: field 'constants.{k}' is not a model constant")
         vals = v if isinstance(v, list) else [v]
         if not all(isinstance(x, int | float) and x >= 0 for x in vals):
-            raise AisimError(f"{where}: field 'constants.{k}' = {v!r}: expected non-negative SI numbers")
+            raise AisimError(
+                f"{where}: field 'constants.{k}' = {v!r}: expected non-negative SI numbers"
+            )
     return constants_from_si_dict(consts, base)
 
 
@@ -60,6 +64,8 @@ def load_profile_constants(path: str | Path, hardware_name: str, base: Constants
     doc = read_profile(path)
     hw = str(doc.get("hardware", "")).lower()
     if hw and hw != hardware_name.lower():
-        raise AisimError(f"{path}: field 'hardware' = {hw!r}: this profile was fitted for {hw}, "
-                         f"but the run uses {hardware_name!r} (pass --hardware {hw})")
+        raise AisimError(
+            f"{path}: field 'hardware' = {hw!r}: this profile was fitted for {hw}, "
+            f"but the run uses {hardware_name!r} (pass --hardware {hw})"
+        )
     return profile_constants(doc, base, str(path))

@@ -46,12 +46,16 @@ def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(_round(doc), sort_keys=True, indent=2) + "\n"
 
 
-def data_sha256(rows: list[RowConfig], strategies: tuple[Strategy, ...], measured_s: np.ndarray) -> str:
+def data_sha256(
+    rows: list[RowConfig], strategies: tuple[Strategy, ...], measured_s: np.ndarray
+) -> str:
     """sha256 of the normalised rows: model leaves, strategy leaves, measured seconds."""
     h = hashlib.sha256()
     for rc, s, t in zip(rows, strategies, measured_s, strict=True):
         spec = rc.model.spec
-        leaves = [float(np.float32(getattr(spec, f))) for f in spec.__dataclass_fields__ if f != "kind"]
+        leaves = [
+            float(np.float32(getattr(spec, f))) for f in spec.__dataclass_fields__ if f != "kind"
+        ]
         leaves += [float(np.float32(getattr(s, k))) for k in KNOBS]
         h.update(f"{rc.hardware.name}|{spec.kind}|{leaves!r}|{float(np.float32(t))!r}\n".encode())
     return h.hexdigest()
@@ -59,15 +63,19 @@ def data_sha256(rows: list[RowConfig], strategies: tuple[Strategy, ...], measure
 
 def row_table(df: pd.DataFrame, result: FitResult) -> pd.DataFrame:
     """Per fitted row: where it came from, measured, predicted, error %, held-out prediction."""
-    out = pd.DataFrame({
-        "source_row": df["source_row"].to_numpy() if "source_row" in df else np.arange(1, len(df) + 1),
-        "model": df["model"].to_numpy() if "model" in df else "",
-        "measured_step_time_s": result.measured_s,
-        "predicted_step_time_s": result.predicted_s,
-        "error_pct": result.error_pct,
-        "cv_predicted_step_time_s": result.cv_predicted_s,
-        "cv_error_pct": result.cv_error_pct,
-    })
+    out = pd.DataFrame(
+        {
+            "source_row": df["source_row"].to_numpy()
+            if "source_row" in df
+            else np.arange(1, len(df) + 1),
+            "model": df["model"].to_numpy() if "model" in df else "",
+            "measured_step_time_s": result.measured_s,
+            "predicted_step_time_s": result.predicted_s,
+            "error_pct": result.error_pct,
+            "cv_predicted_step_time_s": result.cv_predicted_s,
+            "cv_error_pct": result.cv_error_pct,
+        }
+    )
     return out
 
 
@@ -76,8 +84,15 @@ def constants_with_uncertainty(result: FitResult) -> dict[str, dict[str, float |
     return {k: {"value": result.values[k], "stddev": result.stddev[k]} for k in result.free}
 
 
-def fit_document(df: pd.DataFrame, result: FitResult, *, hardware: str, data_sha: str,
-                 seed: int, skipped: list[str]) -> dict[str, Any]:
+def fit_document(
+    df: pd.DataFrame,
+    result: FitResult,
+    *,
+    hardware: str,
+    data_sha: str,
+    seed: int,
+    skipped: list[str],
+) -> dict[str, Any]:
     """The ``aisim calibrate fit --json`` document (held-out error first in the summary)."""
     table = row_table(df, result)
     return {
@@ -91,8 +106,10 @@ def fit_document(df: pd.DataFrame, result: FitResult, *, hardware: str, data_sha
         "constants": constants_with_uncertainty(result),
         "all_constants": constants_to_dict(result.constants),
         "rows": len(table),
-        "per_row": [{k: (v.item() if isinstance(v, np.generic) else v) for k, v in r.items()}
-                    for r in table.to_dict(orient="records")],
+        "per_row": [
+            {k: (v.item() if isinstance(v, np.generic) else v) for k, v in r.items()}
+            for r in table.to_dict(orient="records")
+        ],
         "skipped_rows": list(skipped),
         "data_sha256": data_sha,
         "seed": seed,
@@ -100,9 +117,11 @@ def fit_document(df: pd.DataFrame, result: FitResult, *, hardware: str, data_sha
     }
 
 
-def profile_document(result: FitResult, *, hardware: str, data_sha: str, seed: int) -> dict[str, Any]:
+def profile_document(
+    result: FitResult, *, hardware: str, data_sha: str, seed: int
+) -> dict[str, Any]:
     """A calibrated profile (schema ``aisim.profile/1``) of the fitted constants."""
-    from aisim import __version__
+    from simbase import version
 
     return {
         "schema": PROFILE_SCHEMA,
@@ -119,12 +138,18 @@ def profile_document(result: FitResult, *, hardware: str, data_sha: str, seed: i
             "in_sample_mape_pct": result.in_sample_mape_pct,
             "in_sample_max_error_pct": result.in_sample_max_error_pct,
         },
-        "created_by": f"aisim {__version__}",
+        "created_by": f"aisim {version()}",
     }
 
 
-def parity_plot(measured_s: np.ndarray, predicted_s: np.ndarray, path: str | Path, *,
-                title: str = "", cv_predicted_s: np.ndarray | None = None) -> None:
+def parity_plot(
+    measured_s: np.ndarray,
+    predicted_s: np.ndarray,
+    path: str | Path,
+    *,
+    title: str = "",
+    cv_predicted_s: np.ndarray | None = None,
+) -> None:
     """Predicted against measured step time, log-log, with the y = x line and ±10% bands (PNG)."""
     import matplotlib
 
@@ -138,7 +163,9 @@ def parity_plot(measured_s: np.ndarray, predicted_s: np.ndarray, path: str | Pat
     ax.plot(xs, xs, color="0.3", lw=1, label="y = x")
     ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="±10%")
     if cv_predicted_s is not None and np.isfinite(cv_predicted_s).any():
-        ax.scatter(m, cv_predicted_s, marker="x", color="tab:orange", label="held out (CV)", zorder=3)
+        ax.scatter(
+            m, cv_predicted_s, marker="x", color="tab:orange", label="held out (CV)", zorder=3
+        )
     ax.scatter(m, predicted_s, color="tab:blue", label="fitted", zorder=4, s=18)
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -11,7 +11,18 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["00_intro", "grid", "distir", "measure", "calibration", "fl", "collab", "accuracy", "notebooks", "99_footer"]
+ORDER = [
+    "00_intro",
+    "grid",
+    "distir",
+    "measure",
+    "calibration",
+    "fl",
+    "collab",
+    "accuracy",
+    "notebooks",
+    "99_footer",
+]
 SKIP = {"BRIEF_COMMON"}
 
 
@@ -26,7 +37,7 @@ def convert(text: str) -> str:
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            body = lines[i + 1:j]
+            body = lines[i + 1 : j]
             plain = line.strip() in ("```", "```console", "```bash", "```shell", "```text")
             if plain and any(b.startswith("$ ") for b in body):
                 fixed: list[str] = []
@@ -42,7 +53,7 @@ def convert(text: str) -> str:
                     fixed.append(b)
                 out += ["```console", *fixed, "```"]
             else:
-                out += lines[i:j + 1]
+                out += lines[i : j + 1]
             i = j + 1
             continue
         out.append(line)

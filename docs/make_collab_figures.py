@@ -26,8 +26,12 @@ from perfmodel import collab, load_hardware  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "tests" / "data" / "seed_collab_mlp_2clients.csv"
 OUT = ROOT / "docs" / "figures" / "collab_shares.png"
-TERMS = [("compute_utilization_pct", "compute", "#4c72b0"), ("communication_share_pct", "communication (incl. waiting)", "#dd8452"),
-         ("serialization_share_pct", "serialisation", "#55a868"), ("other_share_pct", "other (aggregation)", "#8c8c8c")]
+TERMS = [
+    ("compute_utilization_pct", "compute", "#4c72b0"),
+    ("communication_share_pct", "communication (incl. waiting)", "#dd8452"),
+    ("serialization_share_pct", "serialisation", "#55a868"),
+    ("other_share_pct", "other (aggregation)", "#8c8c8c"),
+]
 
 
 def fitted_frames():
@@ -38,8 +42,11 @@ def fitted_frames():
     fit = fit_collab(table, sc)
     sizes = table.sizes
     tl = collab.sweep(collab.size_models(sizes), fit.sites, fit.agg, collab.make_setup())
-    fast_sites = dataclasses.replace(fit.sites, up_bytes_per_s=fit.sites.up_bytes_per_s * 10,
-                                     down_bytes_per_s=fit.sites.down_bytes_per_s * 10)
+    fast_sites = dataclasses.replace(
+        fit.sites,
+        up_bytes_per_s=fit.sites.up_bytes_per_s * 10,
+        down_bytes_per_s=fit.sites.down_bytes_per_s * 10,
+    )
     fast = collab.sweep(collab.size_models(sizes), fast_sites, fit.agg, collab.make_setup())
     return fit, collab.timeline_frame(sizes, tl), collab.timeline_frame(sizes, fast)
 
@@ -48,7 +55,9 @@ def side_by_side(df: pd.DataFrame) -> str:
     """Markdown: the source's value and aisim's, per size and column."""
     src = pd.read_csv(SEED).set_index("model_params")
     cols = [f"client{i}_{c}" for i in (1, 2) for c, *_ in TERMS[:3]]
-    head = "| size | " + " | ".join(c.replace("_pct", "").replace("client", "c") for c in cols) + " |"
+    head = (
+        "| size | " + " | ".join(c.replace("_pct", "").replace("client", "c") for c in cols) + " |"
+    )
     lines = [head, "|" + " --- |" * (len(cols) + 1)]
     for _, r in df.iterrows():
         cells = []
@@ -64,7 +73,9 @@ def main() -> None:
     src = pd.read_csv(SEED)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey=True)
     x = np.arange(len(df))
-    for row, (frame, title) in enumerate(((df, "1 Gbit/s WAN (the source's setting, fitted)"), (fast, "10 Gbit/s WAN"))):
+    for row, (frame, title) in enumerate(
+        ((df, "1 Gbit/s WAN (the source's setting, fitted)"), (fast, "10 Gbit/s WAN"))
+    ):
         for i in range(2):
             ax = axes[row][i]
             bottom = np.zeros(len(frame))
@@ -83,14 +94,19 @@ def main() -> None:
     axes[0][1].plot([], [], "_", color="black", markersize=12, mew=2, label="source (cumulative)")
     handles, labels = axes[0][1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
-    fig.suptitle(f"aisim collab: 2-client MLP shares (fit RMS {fit.rms_error_pp:.2f} pp; 40M predicted)", fontsize=10)
+    fig.suptitle(
+        f"aisim collab: 2-client MLP shares (fit RMS {fit.rms_error_pp:.2f} pp; 40M predicted)",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110)
     print(f"wrote {OUT.relative_to(ROOT)}; rms_error_pp {fit.rms_error_pp:.3f}")
     print(side_by_side(df))
     print()
-    keep = ["model_params"] + [f"client{i}_{c}" for i in (1, 2) for c, *_ in TERMS] + ["round_time_s"]
+    keep = (
+        ["model_params"] + [f"client{i}_{c}" for i in (1, 2) for c, *_ in TERMS] + ["round_time_s"]
+    )
     print("10 Gbit/s WAN:")
     print(fast[keep].round(2).to_string(index=False))
 

@@ -33,7 +33,9 @@ def gaussian_noise(tree, key: Array, std: Float[Array, ""]):
     """Adds independent ``N(0, std²)`` noise to every entry of ``tree``."""
     leaves, treedef = jax.tree.flatten(tree)
     keys = jax.random.split(key, len(leaves))
-    noisy = [x + std * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]
+    noisy = [
+        x + std * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)
+    ]
     return jax.tree.unflatten(treedef, noisy)
 
 

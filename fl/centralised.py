@@ -41,7 +41,9 @@ def train_centralised(
 
         def step(carry, idx):
             p, o = carry
-            g = jax.grad(lambda q: cross_entropy(model.apply(q, x[idx]), y[idx], jnp.ones(batch_size)))(p)
+            g = jax.grad(
+                lambda q: cross_entropy(model.apply(q, x[idx]), y[idx], jnp.ones(batch_size))
+            )(p)
             u, o = opt.update(g, o, p)
             return (optax.apply_updates(p, u), o), None
 

@@ -2,7 +2,7 @@
 
 Contract: :class:`ExperimentConfig` holds plain Python values with the CLI's names (dashes become
 underscores). :func:`validate` checks ranges and names and raises one
-:class:`~perfmodel.errors.AisimError` naming the source, field, value and what is expected;
+:class:`~simbase.errors.AisimError` naming the source, field, value and what is expected;
 :func:`load_toml` reads an ``EXPERIMENT.toml`` with the same keys (unknown keys are an error).
 """
 
@@ -12,8 +12,8 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from perfmodel.errors import AisimError, bad_value, suggest
-from perfmodel.units import parse_bytes
+from simbase.errors import AisimError, bad_value, suggest
+from simbase.units import parse_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +79,15 @@ def validate(cfg: ExperimentConfig, where: str = "aisim fl run") -> None:
     choice("sampling", cfg.sampling, ("uniform", "size"))
     if cfg.model is not None:
         choice("model", cfg.model, MODELS)
-    positive_ints = ("clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
-                     "eval_every", "checkpoint_every")
+    positive_ints = (
+        "clients",
+        "clients_per_round",
+        "rounds",
+        "local_epochs",
+        "batch_size",
+        "eval_every",
+        "checkpoint_every",
+    )
     for f in positive_ints:
         v = getattr(cfg, f)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -89,7 +96,9 @@ def validate(cfg: ExperimentConfig, where: str = "aisim fl run") -> None:
         raise bad_value(where, "max-local-steps", cfg.max_local_steps, "an integer >= 1")
     if cfg.clients_per_round > cfg.clients:
         raise bad_value(
-            where, "clients-per-round", cfg.clients_per_round,
+            where,
+            "clients-per-round",
+            cfg.clients_per_round,
             f"at most the population size --clients {cfg.clients}",
         )
     if not cfg.lr > 0:
@@ -155,8 +164,7 @@ def load_toml(path: str | Path) -> dict:
         name = key.replace("-", "_")
         if name not in FIELDS:
             raise AisimError(
-                f"{path}: unknown key {key!r}"
-                + suggest(key, [f.replace("_", "-") for f in FIELDS])
+                f"{path}: unknown key {key!r}" + suggest(key, [f.replace("_", "-") for f in FIELDS])
             )
         out[name] = _coerce(str(path), key, value, FIELDS[name])
     return out

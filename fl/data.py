@@ -3,7 +3,7 @@
 Contract: every loader returns a :class:`FederatedData` with one shared training pool
 (``x_train``, ``y_train``), a :class:`~fl.partition.Population` saying which pool rows each client
 holds, and a held-out test set. Features are float32, labels int32. Loaders are seeded and pure
-apart from reading bundled files; bad settings raise :class:`~perfmodel.errors.AisimError`.
+apart from reading bundled files; bad settings raise :class:`~simbase.errors.AisimError`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 
 from fl import partition as part
 from fl.partition import Population
-from perfmodel.errors import AisimError, bad_value, suggest
+from simbase.errors import AisimError, bad_value, suggest
 
 DATASETS = ("synthetic", "digits", "mnist")
 SYNTHETIC_FEATURES = 60
@@ -105,7 +105,9 @@ def synthetic(
     """
     if not 1 <= num_devices <= 10_000:
         raise bad_value(
-            "synthetic", "clients", num_devices,
+            "synthetic",
+            "clients",
+            num_devices,
             "1..10000 devices (use synthetic_population for up to 1M clients)",
         )
     if alpha < 0 or beta < 0:
@@ -205,8 +207,15 @@ def digits(
 
     d = load_digits()
     return _partitioned(
-        "digits", d.data / 16.0, d.target, test_size, num_clients, partition, dirichlet_alpha,
-        seed, 10,
+        "digits",
+        d.data / 16.0,
+        d.target,
+        test_size,
+        num_clients,
+        partition,
+        dirichlet_alpha,
+        seed,
+        10,
     )
 
 

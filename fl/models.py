@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float
 
-from perfmodel.errors import AisimError, suggest
+from simbase.errors import AisimError, suggest
 
 MODELS = ("logreg", "mlp", "2nn", "cnn")
 DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn"}
@@ -64,13 +64,22 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     """
     (l_con, r_con), (l_bat, r_bat) = dimension_numbers
     if (
-        lhs.ndim == 2 and rhs.ndim == 2 and tuple(l_con) == (1,) and tuple(r_con) == (0,)
-        and not l_bat and not r_bat and lhs.shape[0] <= OUTER_PRODUCT_MAX_ROWS
-        and precision is None and preferred_element_type is None
+        lhs.ndim == 2
+        and rhs.ndim == 2
+        and tuple(l_con) == (1,)
+        and tuple(r_con) == (0,)
+        and not l_bat
+        and not r_bat
+        and lhs.shape[0] <= OUTER_PRODUCT_MAX_ROWS
+        and precision is None
+        and preferred_element_type is None
     ):
         return _small_batch_matmul(lhs, rhs)
     return lax.dot_general(
-        lhs, rhs, dimension_numbers, precision=precision,
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
         preferred_element_type=preferred_element_type,
     )
 

@@ -5,7 +5,7 @@ the pool rows ``order[starts[k] : starts[k] + sizes[k]]``. A partition (every ro
 client) has ``order`` a permutation of the pool and ``starts = cumsum(sizes) - sizes``; a large
 synthetic population may let windows overlap, so a million clients cost three arrays, not copies.
 Partitioners are pure functions of a ``numpy.random.Generator`` and raise
-:class:`~perfmodel.errors.AisimError` for settings that cannot be met.
+:class:`~simbase.errors.AisimError` for settings that cannot be met.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import Int
 
-from perfmodel.errors import AisimError, bad_value
+from simbase.errors import AisimError, bad_value
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity")
 
@@ -50,7 +50,9 @@ def from_lists(rows: list[np.ndarray]) -> Population:
     """Builds a disjoint population from one index array per client."""
     sizes = np.array([len(r) for r in rows], np.int32)
     starts = (np.cumsum(sizes) - sizes).astype(np.int32)
-    order = np.concatenate([np.asarray(r, np.int32) for r in rows]) if rows else np.zeros(0, np.int32)
+    order = (
+        np.concatenate([np.asarray(r, np.int32) for r in rows]) if rows else np.zeros(0, np.int32)
+    )
     return Population(order=order.astype(np.int32), starts=starts, sizes=sizes)
 
 
@@ -160,6 +162,6 @@ def partition(
         return shards(labels, num_clients, rng)
     if name == "quantity":
         return quantity(len(labels), num_clients, rng)
-    from perfmodel.errors import suggest
+    from simbase.errors import suggest
 
     raise AisimError(f"--partition {name!r}: unknown partition" + suggest(name, PARTITIONS))

@@ -13,7 +13,7 @@ import pandas as pd
 
 
 def _save(fig, path: Path) -> None:
-    from aisim.console import atomic_write_bytes
+    from simbase.io import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -44,7 +44,9 @@ def plot_accuracy(runs: dict[str, pd.DataFrame], path: Path, title: str = "") ->
     plt.close(fig)
 
 
-def plot_loss(panels: dict[str, dict[str, pd.DataFrame]], path: Path, ylim: float | None = None) -> None:
+def plot_loss(
+    panels: dict[str, dict[str, pd.DataFrame]], path: Path, ylim: float | None = None
+) -> None:
     """Training loss against rounds, one panel per ``{panel title: {label: metrics}}``."""
     import matplotlib
 

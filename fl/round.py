@@ -177,7 +177,9 @@ class CohortPlan:
     noise_key: Array
 
 
-def plan_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper: Hyper) -> CohortPlan:
+def plan_cohort(
+    spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper: Hyper
+) -> CohortPlan:
     """Steps 1 and 2 of a round (see module): sample, draw the systems, time every client."""
     local, alg = spec.local, spec.algorithm
     m = spec.cohort
@@ -204,8 +206,13 @@ def plan_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper:
 
     def times(steps):
         return jax.vmap(client_time_s, in_axes=(0, None, None, 0, 0, 0, 0, 0))(
-            steps * step_flops, payload, payload, sys_k.flops_per_s,
-            sys_k.downlink_bytes_per_s, sys_k.uplink_bytes_per_s, sys_k.latency_s,
+            steps * step_flops,
+            payload,
+            payload,
+            sys_k.flops_per_s,
+            sys_k.downlink_bytes_per_s,
+            sys_k.uplink_bytes_per_s,
+            sys_k.latency_s,
             sys_k.serialize_bytes_per_s,
         )
 
@@ -235,8 +242,15 @@ def plan_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, hyper:
     else:
         weight = jnp.where(kept, n.astype(jnp.float32), 0.0)
     return CohortPlan(
-        ids=ids, n=n, steps=steps, weight=weight, kept=kept, available=avail,
-        round_time_s=round_time, train_key=k_t, noise_key=k_n,
+        ids=ids,
+        n=n,
+        steps=steps,
+        weight=weight,
+        kept=kept,
+        available=avail,
+        round_time_s=round_time,
+        train_key=k_t,
+        noise_key=k_n,
     )
 
 
@@ -262,8 +276,11 @@ def make_round(spec: RoundSpec):
             return jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
 
         arranged = dict(
-            ids=arrange(ids, num_clients), n=arrange(n, 1), steps=arrange(steps, 0),
-            weight=arrange(weight, 0.0), kept=arrange(kept, False),
+            ids=arrange(ids, num_clients),
+            n=arrange(n, 1),
+            steps=arrange(steps, 0),
+            weight=arrange(weight, 0.0),
+            kept=arrange(kept, False),
         )
         g = state.params
 
@@ -284,8 +301,12 @@ def make_round(spec: RoundSpec):
                 correction=correction,
             )
             tasks = _shard(spec, tasks)
-            table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(tasks.key, tasks.n)
-            st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
+            table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(
+                tasks.key, tasks.n
+            )
+            st0 = jax.tree.map(
+                lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g)
+            )
             st0 = _shard(spec, st0)
             mu = hyper.mu if alg.proximal else jnp.zeros(())
             batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
@@ -309,11 +330,15 @@ def make_round(spec: RoundSpec):
                 k_lr = jnp.maximum(st.steps_done, 1).astype(jnp.float32) * hyper.client_lr
                 c_new = jax.tree.map(
                     lambda ci, cg, d: ci - cg[None] - d / k_lr.reshape((c,) + (1,) * (d.ndim - 1)),
-                    c_i, state.control, delta,
+                    c_i,
+                    state.control,
+                    delta,
                 )
                 keep = ch["kept"]
                 c_new = jax.tree.map(
-                    lambda a, b: jnp.where(keep.reshape((c,) + (1,) * (a.ndim - 1)), a, b), c_new, c_i
+                    lambda a, b: jnp.where(keep.reshape((c,) + (1,) * (a.ndim - 1)), a, b),
+                    c_new,
+                    c_i,
                 )
                 dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
                 sum_dc = jax.tree.map(lambda s_, d: s_ + jnp.sum(d, axis=0), sum_dc, dc)
@@ -349,8 +374,12 @@ def make_round(spec: RoundSpec):
         if alg.scaffold:
             control = jax.tree.map(lambda cg, d: cg + d / num_clients, state.control, sum_dc)
         new_state = ServerState(
-            params=new_params, opt_state=new_opt, control=control, client_controls=controls,
-            round=state.round + 1, key=state.key,
+            params=new_params,
+            opt_state=new_opt,
+            control=control,
+            client_controls=controls,
+            round=state.round + 1,
+            key=state.key,
         )
         metrics = RoundMetrics(
             clients_sampled=jnp.asarray(m, jnp.int32),
@@ -373,7 +402,9 @@ def make_evaluate(apply, batch: int = 2048):
         n = x.shape[0]
         nb = -(-n // batch)
         pad = nb * batch - n
-        xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(nb, batch, *x.shape[1:])
+        xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(
+            nb, batch, *x.shape[1:]
+        )
         yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)]).reshape(nb, batch)
         mask = (jnp.arange(nb * batch) < n).reshape(nb, batch).astype(jnp.float32)
 

@@ -13,9 +13,18 @@ import dataclasses
 
 import optax
 
-from perfmodel.errors import AisimError, suggest
+from simbase.errors import AisimError, suggest
 
-ALGORITHMS = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold", "dpfedavg")
+ALGORITHMS = (
+    "fedavg",
+    "fedprox",
+    "fedavgm",
+    "fedadam",
+    "fedyogi",
+    "fedadagrad",
+    "scaffold",
+    "dpfedavg",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +49,9 @@ class Algorithm:
     straggler_policy: str = "drop"
 
 
-def make_algorithm(name: str, server_lr: float | None = None, server_momentum: float = 0.9) -> Algorithm:
+def make_algorithm(
+    name: str, server_lr: float | None = None, server_momentum: float = 0.9
+) -> Algorithm:
     """The named preset (one of :data:`ALGORITHMS`).
 
     FedAvgM uses SGD with momentum; FedAdam, FedYogi and FedAdagrad use ``β1 = 0.9``,

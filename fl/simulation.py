@@ -32,12 +32,19 @@ from fl.models import DEFAULT_MODEL, Model, make_model
 from fl.privacy import epsilon
 from fl.server import make_algorithm
 from fl.systems import draw_systems, parse_mix
-from perfmodel.errors import AisimError
-from perfmodel.units import parse_bytes
+from simbase.errors import AisimError
+from simbase.units import parse_bytes
 
 COLUMNS = (
-    "round", "sim_time_s", "train_loss", "test_accuracy", "test_loss",
-    "clients_sampled", "clients_kept", "bytes_up", "bytes_down",
+    "round",
+    "sim_time_s",
+    "train_loss",
+    "test_accuracy",
+    "test_loss",
+    "clients_sampled",
+    "clients_kept",
+    "bytes_up",
+    "bytes_down",
 )
 ACCURACY_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 CHECKPOINT = "checkpoint.msgpack"
@@ -88,7 +95,11 @@ CPU_CACHE_BYTES = 5e6
 
 
 def chunk_size(
-    budget_bytes: float, per_client_bytes: float, cohort: int, n_devices: int, min_buckets: int = 4,
+    budget_bytes: float,
+    per_client_bytes: float,
+    cohort: int,
+    n_devices: int,
+    min_buckets: int = 4,
     cache_clients: int | None = None,
 ) -> int:
     """Clients per chunk: as many as fit in half the budget (the rest for the pool and XLA's
@@ -125,8 +136,14 @@ def build(cfg: ExperimentConfig) -> Built:
     """Loads the data, draws the systems, and jits the round for ``cfg``."""
     validate(cfg)
     ds = fl_data.load(
-        cfg.dataset, cfg.clients, cfg.partition, cfg.dirichlet_alpha, cfg.alpha, cfg.beta,
-        cfg.iid, cfg.seed,
+        cfg.dataset,
+        cfg.clients,
+        cfg.partition,
+        cfg.dirichlet_alpha,
+        cfg.alpha,
+        cfg.beta,
+        cfg.iid,
+        cfg.seed,
     )
     pop = ds.population
     if cfg.clients_per_round > pop.num_clients:
@@ -144,9 +161,20 @@ def build(cfg: ExperimentConfig) -> Built:
     if cfg.shard and len(devices) > 1:
         mesh = jax.sharding.Mesh(np.array(devices), ("clients",))
     static = (
-        model_name, ds.input_shape, ds.num_classes, cfg.algorithm, cfg.server_lr,
-        cfg.server_momentum, cfg.lr, cfg.batch_size, cfg.local_epochs, int(pop.sizes.max()),
-        cfg.clients_per_round, cfg.sampling, mesh is not None, cfg.memory_budget,
+        model_name,
+        ds.input_shape,
+        ds.num_classes,
+        cfg.algorithm,
+        cfg.server_lr,
+        cfg.server_momentum,
+        cfg.lr,
+        cfg.batch_size,
+        cfg.local_epochs,
+        int(pop.sizes.max()),
+        cfg.clients_per_round,
+        cfg.sampling,
+        mesh is not None,
+        cfg.memory_budget,
     )
 
     def make_spec():
@@ -165,29 +193,44 @@ def build(cfg: ExperimentConfig) -> Built:
         if devices[0].platform == "cpu":
             cache_clients = max(1, int(CPU_CACHE_BYTES // model.param_bytes))
         chunk = chunk_size(
-            parse_bytes(cfg.memory_budget), per_client, cfg.clients_per_round,
-            len(devices) if mesh else 1, cache_clients=cache_clients,
+            parse_bytes(cfg.memory_budget),
+            per_client,
+            cfg.clients_per_round,
+            len(devices) if mesh else 1,
+            cache_clients=cache_clients,
         )
         spec = rnd.RoundSpec(
-            local=local, algorithm=alg, cohort=cfg.clients_per_round, chunk=chunk,
-            sampling=cfg.sampling, flops_per_sample=model.train_flops_per_sample,
-            param_bytes=model.param_bytes, mesh=mesh,
+            local=local,
+            algorithm=alg,
+            cohort=cfg.clients_per_round,
+            chunk=chunk,
+            sampling=cfg.sampling,
+            flops_per_sample=model.train_flops_per_sample,
+            param_bytes=model.param_bytes,
+            mesh=mesh,
         )
         return spec, jax.jit(rnd.make_round(spec))
 
     spec, run_round = _cached(("round", *static), make_spec)
-    systems = draw_systems(parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1))
+    systems = draw_systems(
+        parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1)
+    )
     inputs = rnd.RoundInputs(
         data=lu.LocalData(
-            x_pool=jnp.asarray(ds.x_train[pop.order]), y_pool=jnp.asarray(ds.y_train[pop.order]),
+            x_pool=jnp.asarray(ds.x_train[pop.order]),
+            y_pool=jnp.asarray(ds.y_train[pop.order]),
         ),
-        starts=jnp.asarray(pop.starts), sizes=jnp.asarray(pop.sizes), systems=systems,
+        starts=jnp.asarray(pop.starts),
+        sizes=jnp.asarray(pop.sizes),
+        systems=systems,
     )
     hyper = rnd.Hyper(
-        mu=jnp.float32(cfg.mu), client_lr=jnp.float32(cfg.lr),
+        mu=jnp.float32(cfg.mu),
+        client_lr=jnp.float32(cfg.lr),
         straggler_fraction=jnp.float32(cfg.stragglers),
         deadline_s=jnp.float32(cfg.deadline_s if cfg.deadline_s is not None else jnp.inf),
-        clip_norm=jnp.float32(cfg.clip_norm), noise_multiplier=jnp.float32(cfg.noise_multiplier),
+        clip_norm=jnp.float32(cfg.clip_norm),
+        noise_multiplier=jnp.float32(cfg.noise_multiplier),
         max_local_steps=jnp.int32(min(cfg.max_local_steps or 2**30, 2**30)),
     )
     params = model.init(jax.random.key(cfg.seed))
@@ -196,8 +239,10 @@ def build(cfg: ExperimentConfig) -> Built:
         # Replicated over the mesh, as the round returns it: the second round does not recompile.
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         inputs, state = jax.device_put((inputs, state), rep)
-    evaluate = _cached(("eval", model_name, ds.input_shape, ds.num_classes),
-                       lambda: jax.jit(rnd.make_evaluate(model.apply)))
+    evaluate = _cached(
+        ("eval", model_name, ds.input_shape, ds.num_classes),
+        lambda: jax.jit(rnd.make_evaluate(model.apply)),
+    )
     eval_sets = (
         (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
         (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
@@ -205,8 +250,10 @@ def build(cfg: ExperimentConfig) -> Built:
     return Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper, state, eval_sets)
 
 
-def _save_checkpoint(out_dir: Path, state: rnd.ServerState, rows: list[dict], wall_s: float, updates: int):
-    from aisim.console import atomic_write_bytes
+def _save_checkpoint(
+    out_dir: Path, state: rnd.ServerState, rows: list[dict], wall_s: float, updates: int
+):
+    from simbase.io import atomic_write_bytes
 
     leaves = jax.tree.leaves(dataclasses.replace(state, key=None))
     blob = serialization.msgpack_serialize(
@@ -282,9 +329,13 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
         q = cfg.clients_per_round / b.data.population.num_clients
         rep = epsilon(q, cfg.noise_multiplier, max(len(metrics), 1), cfg.delta)
         summary["privacy"] = {
-            "epsilon": rep.epsilon, "delta": rep.delta, "rdp_order": rep.order,
-            "noise_multiplier": cfg.noise_multiplier, "clip_norm": cfg.clip_norm,
-            "sampling_rate": q, "accountant": "RDP of the sampled Gaussian mechanism",
+            "epsilon": rep.epsilon,
+            "delta": rep.delta,
+            "rdp_order": rep.order,
+            "noise_multiplier": cfg.noise_multiplier,
+            "clip_norm": cfg.clip_norm,
+            "sampling_rate": q,
+            "accountant": "RDP of the sampled Gaussian mechanism",
         }
     summary["config"] = cfg.to_dict()
     return summary
@@ -298,7 +349,7 @@ def simulate(
     stop_after: int | None = None,
 ) -> SimulationResult:
     """Runs ``cfg`` (see module). ``stop_after`` ends the run early (tests of ``resume``)."""
-    from aisim.console import atomic_write_text, to_json, write_table
+    from simbase.io import atomic_write_text, to_json, write_table
 
     out = Path(out_dir) if out_dir is not None else None
     b = build(cfg)
@@ -318,15 +369,22 @@ def simulate(
         sim_t += float(m.round_time_s)
         updates += int(m.clients_kept)
         row = {
-            "round": r, "sim_time_s": sim_t, "train_loss": math.nan, "test_accuracy": math.nan,
-            "test_loss": math.nan, "clients_sampled": int(m.clients_sampled),
-            "clients_kept": int(m.clients_kept), "bytes_up": float(m.bytes_up),
+            "round": r,
+            "sim_time_s": sim_t,
+            "train_loss": math.nan,
+            "test_accuracy": math.nan,
+            "test_loss": math.nan,
+            "clients_sampled": int(m.clients_sampled),
+            "clients_kept": int(m.clients_kept),
+            "bytes_up": float(m.bytes_up),
             "bytes_down": float(m.bytes_down),
         }
         if r % cfg.eval_every == 0 or r == cfg.rounds or not m.finite:
             tr_loss, _ = b.evaluate(state.params, *b.eval_sets[0])
             te_loss, te_acc = b.evaluate(state.params, *b.eval_sets[1])
-            row.update(train_loss=float(tr_loss), test_loss=float(te_loss), test_accuracy=float(te_acc))
+            row.update(
+                train_loss=float(tr_loss), test_loss=float(te_loss), test_accuracy=float(te_acc)
+            )
         rows.append(row)
         if on_round is not None:
             on_round(row)

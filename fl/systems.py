@@ -20,12 +20,17 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from perfmodel.collectives import p2p_s
-from perfmodel.errors import AisimError, bad_value, suggest
-from perfmodel.units import parse_bitrate
+from simbase.errors import AisimError, bad_value, suggest
+from simbase.units import parse_bitrate
 
 _FIELDS = (
-    "flops_per_s", "downlink", "uplink", "latency_s", "availability",
-    "serialize_bytes_per_s", "spread_sigma",
+    "flops_per_s",
+    "downlink",
+    "uplink",
+    "latency_s",
+    "availability",
+    "serialize_bytes_per_s",
+    "spread_sigma",
 )
 
 

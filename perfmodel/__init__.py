@@ -5,7 +5,6 @@ Public API (one screen):
 
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
 from perfmodel.constants import Constants, constants_to_dict
-from perfmodel.errors import AisimError
 from perfmodel.hardware import (
     Hardware,
     HardwareSpec,
@@ -27,12 +26,40 @@ from perfmodel.workload import (
     model_names,
     total_params,
 )
+from simbase.errors import AisimError
 
 __all__ = [
-    "AisimError", "BREAKDOWN_TERMS", "Constants", "Hardware", "HardwareSpec", "MemoryBreakdown",
-    "Model", "ModelSpec", "RECOMPUTE", "SCHEDULES", "StepBreakdown", "Strategy",
-    "all_gather_s", "all_reduce_s", "all_to_all_s", "constants_to_dict", "evaluate_grid",
-    "gpt_training_flops", "hardware_names", "load_hardware", "load_hardware_file", "load_model",
-    "load_model_file", "make_strategy", "memory_per_device", "mlp_from_params", "mlp_from_widths",
-    "model_names", "p2p_s", "reduce_scatter_s", "stack_strategies", "step_time", "total_params",
+    "AisimError",
+    "BREAKDOWN_TERMS",
+    "Constants",
+    "Hardware",
+    "HardwareSpec",
+    "MemoryBreakdown",
+    "Model",
+    "ModelSpec",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "StepBreakdown",
+    "Strategy",
+    "all_gather_s",
+    "all_reduce_s",
+    "all_to_all_s",
+    "constants_to_dict",
+    "evaluate_grid",
+    "gpt_training_flops",
+    "hardware_names",
+    "load_hardware",
+    "load_hardware_file",
+    "load_model",
+    "load_model_file",
+    "make_strategy",
+    "memory_per_device",
+    "mlp_from_params",
+    "mlp_from_widths",
+    "model_names",
+    "p2p_s",
+    "reduce_scatter_s",
+    "stack_strategies",
+    "step_time",
+    "total_params",
 ]

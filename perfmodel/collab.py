@@ -150,7 +150,11 @@ def payload_bytes(params, num_sites, setup: Setup) -> tuple[Float[Array, ""], Fl
     Top-k keeps ``k·params`` entries; the server's average of ``P`` sparse updates has up to
     ``P·k·params`` entries, never more than the dense fp32 vector.
     """
-    up = params * _VALUE_BYTES[setup.compression] * (setup.topk_fraction if setup.compression == "topk" else 1.0)
+    up = (
+        params
+        * _VALUE_BYTES[setup.compression]
+        * (setup.topk_fraction if setup.compression == "topk" else 1.0)
+    )
     if setup.compression == "topk":
         down = jnp.minimum(num_sites * up, params * _FP32)
     else:
@@ -160,16 +164,29 @@ def payload_bytes(params, num_sites, setup: Setup) -> tuple[Float[Array, ""], Fl
 
 def _local_strategy(site: Site, pp, num_microbatches, gpus_per_node) -> Strategy:
     one = jnp.ones((), jnp.float32)
-    return Strategy(dp=site.devices, tp=one, pp=pp, micro_batch_size=site.micro_batch_size,
-                    num_microbatches=num_microbatches, interleave=one,
-                    schedule=jnp.asarray(float(SCHEDULES.index("1f1b")), jnp.float32),
-                    zero_stage=0.0 * one, recompute=0.0 * one, sequence_parallel=0.0 * one,
-                    dtype=site.dtype, dp_overlap=one, fused_attention=0.0 * one, gpus_per_node=gpus_per_node)
+    return Strategy(
+        dp=site.devices,
+        tp=one,
+        pp=pp,
+        micro_batch_size=site.micro_batch_size,
+        num_microbatches=num_microbatches,
+        interleave=one,
+        schedule=jnp.asarray(float(SCHEDULES.index("1f1b")), jnp.float32),
+        zero_stage=0.0 * one,
+        recompute=0.0 * one,
+        sequence_parallel=0.0 * one,
+        dtype=site.dtype,
+        dp_overlap=one,
+        fused_attention=0.0 * one,
+        gpus_per_node=gpus_per_node,
+    )
 
 
 def local_step_s(m: ModelSpec, site: Site) -> Float[Array, ""]:
     """Seconds of one local optimiser step at a site (perfmodel's step time, dp over its devices)."""
-    s = _local_strategy(site, jnp.ones((), jnp.float32), jnp.ones((), jnp.float32), site.hw.gpus_per_node)
+    s = _local_strategy(
+        site, jnp.ones((), jnp.float32), jnp.ones((), jnp.float32), site.hw.gpus_per_node
+    )
     return step_time(m, site.hw, site.consts, s).step_time_s
 
 
@@ -179,8 +196,12 @@ def _wan_link(site: Site, line_rate):
 
 def _reduce_s(hw: HardwareSpec, consts: Constants, params, inputs) -> Float[Array, ""]:
     """Roofline time of averaging ``inputs`` fp32 vectors of ``params`` values (memory-bound)."""
-    op = OpClass(flops=inputs * params, bytes=(inputs + 1.0) * params * _FP32,
-                 kernels=jnp.maximum(inputs, 1.0), tensor=False)
+    op = OpClass(
+        flops=inputs * params,
+        bytes=(inputs + 1.0) * params * _FP32,
+        kernels=jnp.maximum(inputs, 1.0),
+        tensor=False,
+    )
     peak = hw.peak_flops_per_s[0]
     return op_time_s(op, consts, peak, peak, hw.memory_bandwidth_bytes_per_s)
 
@@ -192,12 +213,16 @@ def _site_work(m: ModelSpec, site: Site, agg: Aggregator, setup: Setup, num_site
         # the WAN is the pipeline tier: tier 1 (crossed by a pp group spanning > devices) gets the
         # site's WAN rate, efficiency and latency; the site's devices share tier 0
         rate = jnp.minimum(site.up_bytes_per_s, site.down_bytes_per_s)
-        hw = dataclasses.replace(site.hw, link_bandwidth_bytes_per_s=site.hw.link_bandwidth_bytes_per_s.at[1].set(rate))
+        hw = dataclasses.replace(
+            site.hw, link_bandwidth_bytes_per_s=site.hw.link_bandwidth_bytes_per_s.at[1].set(rate)
+        )
         c = dataclasses.replace(
             site.consts,
             link_latency_s=site.consts.link_latency_s.at[1].set(site.consts.link_latency_s[WAN]),
             link_bandwidth_efficiency=site.consts.link_bandwidth_efficiency.at[1].set(
-                site.consts.link_bandwidth_efficiency[WAN]))
+                site.consts.link_bandwidth_efficiency[WAN]
+            ),
+        )
         s = _local_strategy(site, num_sites, setup.num_microbatches, site.devices)
         b = step_time(m, hw, c, s)
         # activations (forward) and their gradients (backward) of each microbatch cross the WAN
@@ -205,22 +230,32 @@ def _site_work(m: ModelSpec, site: Site, agg: Aggregator, setup: Setup, num_site
         act_b = jnp.asarray(ACT_BYTES, jnp.float32)[site.dtype.astype(jnp.int32)]
         n_msg = site.micro_batch_size * tokens_per_sample(m) * m.hidden_size * act_b
         count = 2.0 * (setup.num_microbatches + num_sites - 1.0)
-        return dict(compute=b.compute_s + b.tp_comm_s + b.dp_comm_exposed_s,
-                    serialize=count * n_msg / site.serialize_bytes_per_s,
-                    deserialize=count * n_msg / site.deserialize_bytes_per_s,
-                    upload=0.5 * b.pp_p2p_s, download=0.5 * b.pp_p2p_s, bubble=b.bubble_s,
-                    aggregate=b.optimizer_s + b.overhead_s + site.overhead_s)
+        return dict(
+            compute=b.compute_s + b.tp_comm_s + b.dp_comm_exposed_s,
+            serialize=count * n_msg / site.serialize_bytes_per_s,
+            deserialize=count * n_msg / site.deserialize_bytes_per_s,
+            upload=0.5 * b.pp_p2p_s,
+            download=0.5 * b.pp_p2p_s,
+            bubble=b.bubble_s,
+            aggregate=b.optimizer_s + b.overhead_s + site.overhead_s,
+        )
     steps = site.local_steps if setup.mode == "fedavg" else jnp.ones((), jnp.float32)
-    work = dict(compute=steps * local_step_s(m, site) + site.overhead_s,
-                serialize=up_b / site.serialize_bytes_per_s,
-                deserialize=down_b / site.deserialize_bytes_per_s)
+    work = dict(
+        compute=steps * local_step_s(m, site) + site.overhead_s,
+        serialize=up_b / site.serialize_bytes_per_s,
+        deserialize=down_b / site.deserialize_bytes_per_s,
+    )
     lat, up_bw = _wan_link(site, site.up_bytes_per_s)
     _, down_bw = _wan_link(site, site.down_bytes_per_s)
     if setup.topology == "server":
         work.update(upload=coll.p2p_s(up_b, lat, up_bw), download=coll.p2p_s(down_b, lat, down_bw))
     else:  # ring: each site reduces the chunks it receives (fused into the all-reduce)
-        work.update(aggregate=agg.time_factor * _reduce_s(site.hw, site.consts, params * (num_sites - 1.0) / num_sites, 1.0),
-                    latency=lat, bandwidth=jnp.minimum(up_bw, down_bw))
+        work.update(
+            aggregate=agg.time_factor
+            * _reduce_s(site.hw, site.consts, params * (num_sites - 1.0) / num_sites, 1.0),
+            latency=lat,
+            bandwidth=jnp.minimum(up_bw, down_bw),
+        )
     return work
 
 
@@ -248,17 +283,29 @@ def round_timeline(m: ModelSpec, sites: Site, agg: Aggregator, setup: Setup) -> 
     params = total_params(m)
     up_b, down_b = payload_bytes(params, num_sites, setup)
     w = jax.vmap(_site_work, in_axes=(None, 0, None, None, None, None, None))(
-        m, sites, agg, setup, num_sites, up_b, down_b)
+        m, sites, agg, setup, num_sites, up_b, down_b
+    )
     zeros = jnp.zeros_like(w["compute"])
     if setup.mode == "pipeline":
-        own = w["compute"] + w["serialize"] + w["deserialize"] + w["upload"] + w["download"] + w["bubble"] + w["aggregate"]
+        own = (
+            w["compute"]
+            + w["serialize"]
+            + w["deserialize"]
+            + w["upload"]
+            + w["download"]
+            + w["bubble"]
+            + w["aggregate"]
+        )
         round_s = jnp.max(own)
         wait = round_s - own + w["bubble"]
         upload, download, aggregate = w["upload"], w["download"], w["aggregate"]
     elif setup.topology == "server":
         arrival = w["download"] + w["deserialize"] + w["compute"] + w["serialize"] + w["upload"]
-        server = (agg.time_factor * _reduce_s(agg.hw, agg.consts, params, num_sites)
-                  + num_sites * up_b / agg.deserialize_bytes_per_s + down_b / agg.serialize_bytes_per_s)
+        server = (
+            agg.time_factor * _reduce_s(agg.hw, agg.consts, params, num_sites)
+            + num_sites * up_b / agg.deserialize_bytes_per_s
+            + down_b / agg.serialize_bytes_per_s
+        )
         round_s = jnp.max(arrival) + server
         wait = round_s - server - arrival
         upload, download, aggregate = w["upload"], w["download"], zeros + server
@@ -276,12 +323,24 @@ def round_timeline(m: ModelSpec, sites: Site, agg: Aggregator, setup: Setup) -> 
         return 100.0 * x / round_s
 
     return RoundTimeline(
-        compute_s=w["compute"], serialize_s=w["serialize"], upload_s=upload, wait_s=wait,
-        aggregate_s=aggregate, download_s=download, deserialize_s=w["deserialize"],
-        communication_s=comm, serialization_s=ser, other_s=aggregate, round_s=round_s,
-        compute_share_pct=pct(w["compute"]), communication_share_pct=pct(comm),
-        serialization_share_pct=pct(ser), other_share_pct=pct(aggregate),
-        upload_bytes=up_b, download_bytes=down_b, params=params,
+        compute_s=w["compute"],
+        serialize_s=w["serialize"],
+        upload_s=upload,
+        wait_s=wait,
+        aggregate_s=aggregate,
+        download_s=download,
+        deserialize_s=w["deserialize"],
+        communication_s=comm,
+        serialization_s=ser,
+        other_s=aggregate,
+        round_s=round_s,
+        compute_share_pct=pct(w["compute"]),
+        communication_share_pct=pct(comm),
+        serialization_share_pct=pct(ser),
+        other_share_pct=pct(aggregate),
+        upload_bytes=up_b,
+        download_bytes=down_b,
+        params=params,
     )
 
 
@@ -318,19 +377,34 @@ SERDE_DEFAULT_BYTES_PER_S = {
 def _positive(where: str, field: str, value, unit: str) -> float:
     import math
 
-    from perfmodel.errors import bad_value
+    from simbase.errors import bad_value
 
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise bad_value(where, field, value, f"a positive number ({unit})")
     return float(value)
 
 
-def make_site(hardware, *, devices: int = 1, micro_batch_size: int = 64, local_steps: float = 1.0,
-              overhead_s: float = 0.0, up_bytes_per_s: float | None = None,
-              down_bytes_per_s: float | None = None, latency_s: float | None = None,
-              serialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][0],
-              deserialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][1],
-              dtype: str = "fp32", consts: Constants | None = None, where: str = "site") -> Site:
+def make_site(
+    hardware,
+    *,
+    devices: int = 1,
+    micro_batch_size: int = 64,
+    local_steps: float = 1.0,
+    overhead_s: float = 0.0,
+    up_bytes_per_s: float | None = None,
+    down_bytes_per_s: float | None = None,
+    latency_s: float | None = None,
+    serialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][0],
+    deserialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][1],
+    dtype: str = "fp32",
+    consts: Constants | None = None,
+    where: str = "site",
+) -> Site:
     """A :class:`Site` from a :class:`perfmodel.hardware.Hardware` preset and Python values.
 
     The WAN line rates default to the preset's ``wan`` tier, the latency to its ``wan`` latency.
@@ -338,8 +412,8 @@ def make_site(hardware, *, devices: int = 1, micro_batch_size: int = 64, local_s
     Raises:
       AisimError: a non-positive count, rate or throughput, naming ``where`` and the field.
     """
-    from perfmodel.errors import bad_value
     from perfmodel.strategy import DTYPES
+    from simbase.errors import bad_value
 
     spec = hardware.spec
     wan_rate = float(spec.link_bandwidth_bytes_per_s[WAN])
@@ -347,55 +421,89 @@ def make_site(hardware, *, devices: int = 1, micro_batch_size: int = 64, local_s
     down = up if down_bytes_per_s is None else down_bytes_per_s
     vals = {
         "devices": _positive(where, "devices", devices, "devices"),
-        "micro_batch_size": _positive(where, "micro_batch_size", micro_batch_size, "samples per device"),
+        "micro_batch_size": _positive(
+            where, "micro_batch_size", micro_batch_size, "samples per device"
+        ),
         "local_steps": _positive(where, "local_steps", local_steps, "steps per round"),
         "up_bytes_per_s": _positive(where, "up_bandwidth", up, "bytes/s"),
         "down_bytes_per_s": _positive(where, "down_bandwidth", down, "bytes/s"),
-        "serialize_bytes_per_s": _positive(where, "serialize_bytes_per_s", serialize_bytes_per_s, "bytes/s"),
-        "deserialize_bytes_per_s": _positive(where, "deserialize_bytes_per_s", deserialize_bytes_per_s, "bytes/s"),
+        "serialize_bytes_per_s": _positive(
+            where, "serialize_bytes_per_s", serialize_bytes_per_s, "bytes/s"
+        ),
+        "deserialize_bytes_per_s": _positive(
+            where, "deserialize_bytes_per_s", deserialize_bytes_per_s, "bytes/s"
+        ),
     }
     if not (isinstance(overhead_s, int | float) and overhead_s >= 0):
         raise bad_value(where, "overhead_s", overhead_s, "a non-negative number of seconds")
     if dtype not in DTYPES or float(spec.peak_flops_per_s[DTYPES.index(dtype)]) <= 0:
-        raise bad_value(where, "dtype", dtype, f"a dtype {hardware.name} supports ({', '.join(DTYPES)})")
+        raise bad_value(
+            where, "dtype", dtype, f"a dtype {hardware.name} supports ({', '.join(DTYPES)})"
+        )
     c = hardware.constants if consts is None else consts
     if latency_s is not None:
         if not (isinstance(latency_s, int | float) and latency_s >= 0):
             raise bad_value(where, "latency", latency_s, "a non-negative number of seconds")
-        c = dataclasses.replace(c, link_latency_s=jnp.asarray(c.link_latency_s).at[WAN].set(float(latency_s)))
+        c = dataclasses.replace(
+            c, link_latency_s=jnp.asarray(c.link_latency_s).at[WAN].set(float(latency_s))
+        )
     f = jnp.float32
-    return Site(hw=spec, consts=c, overhead_s=jnp.asarray(float(overhead_s), f),
-                dtype=jnp.asarray(float(DTYPES.index(dtype)), f),
-                **{k: jnp.asarray(v, f) for k, v in vals.items()})
+    return Site(
+        hw=spec,
+        consts=c,
+        overhead_s=jnp.asarray(float(overhead_s), f),
+        dtype=jnp.asarray(float(DTYPES.index(dtype)), f),
+        **{k: jnp.asarray(v, f) for k, v in vals.items()},
+    )
 
 
-def make_aggregator(hardware, *, time_factor: float = 1.0,
-                    serialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][0],
-                    deserialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][1]) -> Aggregator:
+def make_aggregator(
+    hardware,
+    *,
+    time_factor: float = 1.0,
+    serialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][0],
+    deserialize_bytes_per_s: float = SERDE_DEFAULT_BYTES_PER_S["msgpack"][1],
+) -> Aggregator:
     """An :class:`Aggregator` on a hardware preset (the parameter server's host)."""
     f = jnp.float32
-    return Aggregator(hw=hardware.spec, consts=hardware.constants,
-                      time_factor=jnp.asarray(_positive("aggregator", "time_factor", time_factor, "factor"), f),
-                      serialize_bytes_per_s=jnp.asarray(serialize_bytes_per_s, f),
-                      deserialize_bytes_per_s=jnp.asarray(deserialize_bytes_per_s, f))
+    return Aggregator(
+        hw=hardware.spec,
+        consts=hardware.constants,
+        time_factor=jnp.asarray(_positive("aggregator", "time_factor", time_factor, "factor"), f),
+        serialize_bytes_per_s=jnp.asarray(serialize_bytes_per_s, f),
+        deserialize_bytes_per_s=jnp.asarray(deserialize_bytes_per_s, f),
+    )
 
 
-def make_setup(mode: str = "fedavg", topology: str = "server", compression: str = "none", *,
-               topk_fraction: float = 0.01, num_microbatches: int = 8) -> Setup:
+def make_setup(
+    mode: str = "fedavg",
+    topology: str = "server",
+    compression: str = "none",
+    *,
+    topk_fraction: float = 0.01,
+    num_microbatches: int = 8,
+) -> Setup:
     """A validated :class:`Setup` (names checked against :data:`MODES` and friends)."""
-    from perfmodel.errors import bad_value
+    from simbase.errors import bad_value
 
-    for field, value, choices in (("--mode", mode, MODES), ("--topology", topology, TOPOLOGIES),
-                                  ("--compression", compression, COMPRESSIONS)):
+    for field, value, choices in (
+        ("--mode", mode, MODES),
+        ("--topology", topology, TOPOLOGIES),
+        ("--compression", compression, COMPRESSIONS),
+    ):
         if value not in choices:
             raise bad_value("command line", field, value, "one of " + ", ".join(choices))
     if not (isinstance(topk_fraction, int | float) and 0 < topk_fraction <= 1):
         raise bad_value("command line", "--topk-fraction", topk_fraction, "a fraction in (0, 1]")
     _positive("command line", "--microbatches", num_microbatches, "microbatches per step")
     f = jnp.float32
-    return Setup(topk_fraction=jnp.asarray(float(topk_fraction), f),
-                 num_microbatches=jnp.asarray(float(num_microbatches), f),
-                 mode=mode, topology=topology, compression=compression)
+    return Setup(
+        topk_fraction=jnp.asarray(float(topk_fraction), f),
+        num_microbatches=jnp.asarray(float(num_microbatches), f),
+        mode=mode,
+        topology=topology,
+        compression=compression,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,7 +542,7 @@ class Scenario:
 
     def per_site(self, name: str):
         """The value of a per-site field for every site (a single value is repeated)."""
-        from perfmodel.errors import AisimError
+        from simbase.errors import AisimError
 
         v = getattr(self, name)
         if v is None or not isinstance(v, tuple | list):
@@ -442,8 +550,10 @@ class Scenario:
         if len(v) == 1:
             return list(v) * self.num_sites
         if len(v) != self.num_sites:
-            raise AisimError(f"command line: field '{name}' has {len(v)} values: expected 1 or one per "
-                             f"client ({self.num_sites})")
+            raise AisimError(
+                f"command line: field '{name}' has {len(v)} values: expected 1 or one per "
+                f"client ({self.num_sites})"
+            )
         return list(v)
 
 
@@ -452,31 +562,68 @@ def scenario_sites(sc: Scenario) -> Site:
     import math
 
     sites = []
-    cols = {k: sc.per_site(k) for k in ("devices", "micro_batch_size", "local_samples", "local_steps",
-                                        "up_bytes_per_s", "down_bytes_per_s", "overhead_s", "consts")}
+    cols = {
+        k: sc.per_site(k)
+        for k in (
+            "devices",
+            "micro_batch_size",
+            "local_samples",
+            "local_steps",
+            "up_bytes_per_s",
+            "down_bytes_per_s",
+            "overhead_s",
+            "consts",
+        )
+    }
     for i, hw in enumerate(sc.hardware):
         dev, mbs = cols["devices"][i], cols["micro_batch_size"][i]
         steps = cols["local_steps"][i]
         if steps is None:
-            samples = _positive(f"client{i + 1}", "local_samples", cols["local_samples"][i], "samples")
-            steps = math.ceil(samples / (_positive(f"client{i + 1}", "devices", dev, "devices")
-                                         * _positive(f"client{i + 1}", "micro_batch_size", mbs, "samples")))
-        sites.append(make_site(
-            hw, devices=dev, micro_batch_size=mbs, local_steps=steps, overhead_s=cols["overhead_s"][i],
-            up_bytes_per_s=cols["up_bytes_per_s"][i], down_bytes_per_s=cols["down_bytes_per_s"][i],
-            latency_s=sc.latency_s, serialize_bytes_per_s=sc.serialize_bytes_per_s,
-            deserialize_bytes_per_s=sc.deserialize_bytes_per_s, dtype=sc.dtype,
-            consts=cols["consts"][i], where=f"client{i + 1}"))
+            samples = _positive(
+                f"client{i + 1}", "local_samples", cols["local_samples"][i], "samples"
+            )
+            steps = math.ceil(
+                samples
+                / (
+                    _positive(f"client{i + 1}", "devices", dev, "devices")
+                    * _positive(f"client{i + 1}", "micro_batch_size", mbs, "samples")
+                )
+            )
+        sites.append(
+            make_site(
+                hw,
+                devices=dev,
+                micro_batch_size=mbs,
+                local_steps=steps,
+                overhead_s=cols["overhead_s"][i],
+                up_bytes_per_s=cols["up_bytes_per_s"][i],
+                down_bytes_per_s=cols["down_bytes_per_s"][i],
+                latency_s=sc.latency_s,
+                serialize_bytes_per_s=sc.serialize_bytes_per_s,
+                deserialize_bytes_per_s=sc.deserialize_bytes_per_s,
+                dtype=sc.dtype,
+                consts=cols["consts"][i],
+                where=f"client{i + 1}",
+            )
+        )
     return stack(sites)
 
 
 def scenario_parts(sc: Scenario) -> tuple[Site, Aggregator, Setup]:
     """Sites, aggregator and setup of a scenario, ready for :func:`sweep`."""
-    agg = make_aggregator(sc.aggregator, time_factor=sc.aggregation_time_factor,
-                          serialize_bytes_per_s=sc.serialize_bytes_per_s,
-                          deserialize_bytes_per_s=sc.deserialize_bytes_per_s)
-    setup = make_setup(sc.mode, sc.topology, sc.compression, topk_fraction=sc.topk_fraction,
-                       num_microbatches=sc.num_microbatches)
+    agg = make_aggregator(
+        sc.aggregator,
+        time_factor=sc.aggregation_time_factor,
+        serialize_bytes_per_s=sc.serialize_bytes_per_s,
+        deserialize_bytes_per_s=sc.deserialize_bytes_per_s,
+    )
+    setup = make_setup(
+        sc.mode,
+        sc.topology,
+        sc.compression,
+        topk_fraction=sc.topk_fraction,
+        num_microbatches=sc.num_microbatches,
+    )
     return scenario_sites(sc), agg, setup
 
 
@@ -498,19 +645,35 @@ def timeline_frame(sizes, tl: RoundTimeline, rounds=1.0):
     import numpy as np
     import pandas as pd
 
-    from perfmodel.units import format_count
+    from simbase.units import format_count
 
     n = len(sizes)
     rounds = np.broadcast_to(np.asarray(rounds, np.float64), (n,))
     r = np.asarray(tl.round_s, np.float64)
-    df = pd.DataFrame({
-        "model_params": [s if isinstance(s, str) else format_count(float(s)) for s in sizes],
-        "params": np.asarray(tl.params, np.float64), "rounds": rounds,
-        "round_time_s": r, "total_task_time_s": rounds * r,
-    })
-    shares = {"compute_utilization_pct": tl.compute_share_pct, "communication_share_pct": tl.communication_share_pct,
-              "serialization_share_pct": tl.serialization_share_pct, "other_share_pct": tl.other_share_pct}
-    phases = ("compute_s", "serialize_s", "upload_s", "wait_s", "aggregate_s", "download_s", "deserialize_s")
+    df = pd.DataFrame(
+        {
+            "model_params": [s if isinstance(s, str) else format_count(float(s)) for s in sizes],
+            "params": np.asarray(tl.params, np.float64),
+            "rounds": rounds,
+            "round_time_s": r,
+            "total_task_time_s": rounds * r,
+        }
+    )
+    shares = {
+        "compute_utilization_pct": tl.compute_share_pct,
+        "communication_share_pct": tl.communication_share_pct,
+        "serialization_share_pct": tl.serialization_share_pct,
+        "other_share_pct": tl.other_share_pct,
+    }
+    phases = (
+        "compute_s",
+        "serialize_s",
+        "upload_s",
+        "wait_s",
+        "aggregate_s",
+        "download_s",
+        "deserialize_s",
+    )
     sites = np.asarray(tl.compute_s).shape[1]
     for i in range(sites):
         for k, v in shares.items():

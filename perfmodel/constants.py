@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from perfmodel import units
-from perfmodel.errors import bad_value
+from simbase import units
+from simbase.errors import bad_value
 
 TIER_KEYS = ("intra_node", "inter_node", "wan")
 
@@ -64,9 +64,14 @@ _FILE_FIELDS = {
     "optimizer_time_factor": ("optimizer_time_factor", 1.0, "a positive factor", math.inf),
 }
 _DEFAULTS = {
-    "matmul_efficiency_max": 0.85, "matmul_half_gflop": 1.0, "memory_efficiency_max": 0.85,
-    "memory_half_mib": 1.0, "kernel_overhead_us": 5.0, "dp_overlap_fraction": 0.8,
-    "microbatch_overhead_ms": 0.0, "optimizer_time_factor": 1.0,
+    "matmul_efficiency_max": 0.85,
+    "matmul_half_gflop": 1.0,
+    "memory_efficiency_max": 0.85,
+    "memory_half_mib": 1.0,
+    "kernel_overhead_us": 5.0,
+    "dp_overlap_fraction": 0.8,
+    "microbatch_overhead_ms": 0.0,
+    "optimizer_time_factor": 1.0,
 }
 
 
@@ -75,7 +80,13 @@ def constants_from_dict(doc: dict[str, Any], link_latency_s, where: str) -> Cons
     values: dict[str, Any] = {}
     for key, (field, scale, unit, upper) in _FILE_FIELDS.items():
         v = doc.get(key, _DEFAULTS[key])
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or v > upper:
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            or v < 0
+            or v > upper
+        ):
             raise bad_value(where, f"constants.{key}", v, unit)
         values[field] = jnp.asarray(float(v) * scale, jnp.float32)
     eff = doc.get("link_bandwidth_efficiency", {})
@@ -83,7 +94,9 @@ def constants_from_dict(doc: dict[str, Any], link_latency_s, where: str) -> Cons
     for tier in TIER_KEYS:
         v = eff.get(tier, 0.8) if isinstance(eff, dict) else None
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
-            raise bad_value(where, f"constants.link_bandwidth_efficiency.{tier}", v, "a fraction in (0, 1]")
+            raise bad_value(
+                where, f"constants.link_bandwidth_efficiency.{tier}", v, "a fraction in (0, 1]"
+            )
         effs.append(float(v))
     values["link_bandwidth_efficiency"] = jnp.asarray(effs, jnp.float32)
     values["link_latency_s"] = jnp.asarray(link_latency_s, jnp.float32)

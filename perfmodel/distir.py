@@ -59,12 +59,17 @@ def _load_defaults() -> dict:
 
 
 DISTIR_DEFAULTS = _load_defaults()
-DEVICE_THROUGHPUT_FLOPS_PER_S = jnp.asarray(DISTIR_DEFAULTS["device_throughput_flops_per_s"], jnp.float32)
+DEVICE_THROUGHPUT_FLOPS_PER_S = jnp.asarray(
+    DISTIR_DEFAULTS["device_throughput_flops_per_s"], jnp.float32
+)
 DRAM_BANDWIDTH_BYTES_PER_S = jnp.asarray(DISTIR_DEFAULTS["dram_bandwidth_bytes_per_s"], jnp.float32)
 KERNEL_LAUNCH_OVERHEAD_S = jnp.asarray(DISTIR_DEFAULTS["kernel_launch_overhead_s"], jnp.float32)
 LINK_BANDWIDTH_BYTES_PER_S = jnp.asarray(
-    DISTIR_DEFAULTS["network_bandwidth_gbit_per_s"] * DISTIR_DEFAULTS["bytes_per_gbit"], jnp.float32)
-BYTES_PER_ELEMENT = jnp.asarray([float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in DTYPES], jnp.float32)
+    DISTIR_DEFAULTS["network_bandwidth_gbit_per_s"] * DISTIR_DEFAULTS["bytes_per_gbit"], jnp.float32
+)
+BYTES_PER_ELEMENT = jnp.asarray(
+    [float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in DTYPES], jnp.float32
+)
 DEFAULT_DTYPE = DISTIR_DEFAULTS["default_dtype"]
 GRID_MICROBATCHES = tuple(int(k) for k in DISTIR_DEFAULTS["grid_num_microbatches_pipelined"])
 # weight and bias tensors of a GPT-2 layer (2 layer norms, qkv, proj, fc1, fc2): the Add ops
@@ -82,8 +87,11 @@ def op_s(flops, nbytes, kernels=1.0):
     Returns:
       Seconds (``cost_model.py``: ``_matmul_cost_fn``, ``_elementwise_cost_fn``).
     """
-    return (kernels * KERNEL_LAUNCH_OVERHEAD_S + nbytes / DRAM_BANDWIDTH_BYTES_PER_S
-            + flops / DEVICE_THROUGHPUT_FLOPS_PER_S)
+    return (
+        kernels * KERNEL_LAUNCH_OVERHEAD_S
+        + nbytes / DRAM_BANDWIDTH_BYTES_PER_S
+        + flops / DEVICE_THROUGHPUT_FLOPS_PER_S
+    )
 
 
 def all_reduce_s(n, nbytes):
@@ -106,18 +114,33 @@ def _mlp_stage(m: ModelSpec, b, t, n, S):
     L = m.num_layers
     a = (m.input_size + (L - 1.0) * m.hidden_size) / L  # mean input width of a layer
     c = (m.output_size + (L - 1.0) * m.hidden_size) / L  # mean output width
-    W = jnp.where(L > 1, m.input_size * m.hidden_size + (L - 2.0) * m.hidden_size ** 2
-                  + m.hidden_size * m.output_size, m.input_size * m.output_size) / L
+    W = (
+        jnp.where(
+            L > 1,
+            m.input_size * m.hidden_size
+            + (L - 2.0) * m.hidden_size**2
+            + m.hidden_size * m.output_size,
+            m.input_size * m.output_size,
+        )
+        / L
+    )
     nc = jnp.ceil(n / 2.0)  # column-parallel layers (even index: weight split on dim 1)
     nr = n - nc  # row-parallel layers (odd index: split on dim 0), followed by an all-reduce
     mm_flops = 2.0 * b * W / t
-    fwd = (nc * op_s(mm_flops, S * (b * a + W / t)) + nr * op_s(mm_flops, S * (b * a / t + W / t))
-           + nc * op_s(b * c / t, S * b * c / t) + nr * op_s(b * c, S * b * c)  # Relu
-           + 2.0 * op_s(b * m.output_size, S * b * m.output_size))  # Loss and LossGrad read the labels
-    bwd = (nc * op_s(b * c / t, 2.0 * S * b * c / t) + nr * op_s(b * c, 2.0 * S * b * c)  # ReluGrad
-           # MatMulGrad: dz·wᵀ then xᵀ·dz
-           + nc * op_s(2.0 * mm_flops, S * (b * c / t + W / t + a * b + b * c / t), 2.0)
-           + nr * op_s(2.0 * mm_flops, S * (b * c + W / t + a * b / t + b * c), 2.0))
+    fwd = (
+        nc * op_s(mm_flops, S * (b * a + W / t))
+        + nr * op_s(mm_flops, S * (b * a / t + W / t))
+        + nc * op_s(b * c / t, S * b * c / t)
+        + nr * op_s(b * c, S * b * c)  # Relu
+        + 2.0 * op_s(b * m.output_size, S * b * m.output_size)
+    )  # Loss and LossGrad read the labels
+    bwd = (
+        nc * op_s(b * c / t, 2.0 * S * b * c / t)
+        + nr * op_s(b * c, 2.0 * S * b * c)  # ReluGrad
+        # MatMulGrad: dz·wᵀ then xᵀ·dz
+        + nc * op_s(2.0 * mm_flops, S * (b * c / t + W / t + a * b + b * c / t), 2.0)
+        + nr * op_s(2.0 * mm_flops, S * (b * c + W / t + a * b / t + b * c), 2.0)
+    )
     flops = n * 3.0 * mm_flops + nc * 2.0 * b * c / t + nr * 2.0 * b * c
     tp_bytes = n * S * b * (a + c) / 2.0  # n all-reduces of b x width activations
     add_s = n * op_s(W / t, 2.0 * S * W / t) + KERNEL_LAUNCH_OVERHEAD_S  # Add per dw + one Concat
@@ -130,20 +153,34 @@ def _transformer_stage(m: ModelSpec, b, t, n, S):
     ops = layer_forward_ops(m, b, t, jnp.zeros(()), S)
     classes = (ops.qkv, ops.attention, ops.softmax, ops.proj, ops.mlp, ops.elementwise)
     logits_mm, xent = logits_forward_ops(m, b, t, S)
-    fwd = n * sum(_class_s(op) for op in classes) + _class_s(logits_mm) + _class_s(xent) + KERNEL_LAUNCH_OVERHEAD_S
+    fwd = (
+        n * sum(_class_s(op) for op in classes)
+        + _class_s(logits_mm)
+        + _class_s(xent)
+        + KERNEL_LAUNCH_OVERHEAD_S
+    )
     bwd = n * sum(_class_s(op, 2.0) for op in classes) + _class_s(logits_mm, 2.0) + _class_s(xent)
     flops = n * 3.0 * sum(op.flops for op in classes) + 3.0 * logits_mm.flops + 2.0 * xent.flops
     act = S * b * m.seq_len * m.hidden_size
     w_last = m.hidden_size * m.ffn_hidden_size / t  # the largest weight of a layer
     # weights of a layer on this rank, from its matmul FLOPs (2 per weight per token)
     per_layer_params = (ops.qkv.flops + ops.proj.flops + ops.mlp.flops) / (2.0 * b * m.seq_len)
-    add_s = n * op_s(per_layer_params, 2.0 * S * per_layer_params, _GPT_LAYER_TENSORS) + KERNEL_LAUNCH_OVERHEAD_S
+    add_s = (
+        n * op_s(per_layer_params, 2.0 * S * per_layer_params, _GPT_LAYER_TENSORS)
+        + KERNEL_LAUNCH_OVERHEAD_S
+    )
     return fwd, bwd, flops, 4.0 * n * act, act, w_last, add_s
 
 
 def distir_validity(m: ModelSpec, s: Strategy):
     """Whether DistIR's transforms can build the strategy (a boolean array, never an exception)."""
-    ok = (s.dp >= 1) & (s.tp >= 1) & (s.pp >= 1) & (s.micro_batch_size >= 1) & (s.num_microbatches >= 1)
+    ok = (
+        (s.dp >= 1)
+        & (s.tp >= 1)
+        & (s.pp >= 1)
+        & (s.micro_batch_size >= 1)
+        & (s.num_microbatches >= 1)
+    )
     if m.kind == "transformer":
         ok &= s.tp <= m.num_heads  # gpt2_dhp_transform.check_params: heads >= tp (not a divisor)
     else:
@@ -157,9 +194,16 @@ def plain_strategy(s: Strategy) -> Strategy:
     """The strategy as DistIR models it: no ZeRO, recomputation, sequence parallelism,
     interleaving, DP overlap or fused attention; the 1F1B schedule."""
     zero = jnp.zeros_like(s.dp)
-    return dataclasses.replace(s, zero_stage=zero, recompute=zero, sequence_parallel=zero,
-                               dp_overlap=zero, fused_attention=zero, interleave=jnp.ones_like(s.dp),
-                               schedule=jnp.full_like(s.dp, float(SCHEDULES.index("1f1b"))))
+    return dataclasses.replace(
+        s,
+        zero_stage=zero,
+        recompute=zero,
+        sequence_parallel=zero,
+        dp_overlap=zero,
+        fused_attention=zero,
+        interleave=jnp.ones_like(s.dp),
+        schedule=jnp.full_like(s.dp, float(SCHEDULES.index("1f1b"))),
+    )
 
 
 def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> StepBreakdown:
@@ -210,17 +254,34 @@ def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) 
     fits = mem.total_bytes <= hw.memory_capacity_bytes
     valid = distir_validity(m, s)
     return StepBreakdown(
-        compute_s=compute_s, tp_comm_s=tp_comm_s, dp_comm_exposed_s=dp_total, pp_p2p_s=pp_p2p_s,
-        bubble_s=bubble_s, optimizer_s=optimizer_s, overhead_s=overhead_s, step_time_s=total,
+        compute_s=compute_s,
+        tp_comm_s=tp_comm_s,
+        dp_comm_exposed_s=dp_total,
+        pp_p2p_s=pp_p2p_s,
+        bubble_s=bubble_s,
+        optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
+        step_time_s=total,
         dp_comm_total_s=dp_total,
-        throughput_samples_per_s=gbs / total, tokens_per_s=tokens / total,
-        model_flops=model_flops, hardware_flops=hardware_flops,
-        mfu=model_flops / denom, hfu=hardware_flops / denom,
+        throughput_samples_per_s=gbs / total,
+        tokens_per_s=tokens / total,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
+        mfu=model_flops / denom,
+        hfu=hardware_flops / denom,
         model_tflops_per_gpu=model_flops / (total * gpus) / 1e12,
         hardware_tflops_per_gpu=hardware_flops / (total * gpus) / 1e12,
-        cost_per_million_tokens_usd=hw.price_per_device_hour_usd * gpus * total / 3600.0 / tokens * 1e6,
-        memory=mem, memory_per_device_bytes=mem.total_bytes,
-        fits_memory=fits, valid=valid, feasible=fits & valid,
+        cost_per_million_tokens_usd=hw.price_per_device_hour_usd
+        * gpus
+        * total
+        / 3600.0
+        / tokens
+        * 1e6,
+        memory=mem,
+        memory_per_device_bytes=mem.total_bytes,
+        fits_memory=fits,
+        valid=valid,
+        feasible=fits & valid,
     )
 
 
@@ -265,9 +326,19 @@ def distir_grid_columns(num_gpus: int, global_batch: int) -> dict[str, np.ndarra
     keep &= (B // np.maximum(dp, 1) > 0) & (B % np.maximum(dp * k, 1) == 0) & (B >= dp * k)
     dp, tp, pp, k = dp[keep], tp[keep], pp[keep], k[keep]
     rows = len(dp)
-    const = dict(interleave=1, schedule=SCHEDULES.index("1f1b"), zero_stage=0, recompute=0,
-                 sequence_parallel=0, dtype=DTYPES.index(DEFAULT_DTYPE), dp_overlap=0,
-                 fused_attention=0, gpus_per_node=int(num_gpus))
-    cols = dict(dp=dp, tp=tp, pp=pp, micro_batch_size=B // np.maximum(dp * k, 1), num_microbatches=k)
+    const = dict(
+        interleave=1,
+        schedule=SCHEDULES.index("1f1b"),
+        zero_stage=0,
+        recompute=0,
+        sequence_parallel=0,
+        dtype=DTYPES.index(DEFAULT_DTYPE),
+        dp_overlap=0,
+        fused_attention=0,
+        gpus_per_node=int(num_gpus),
+    )
+    cols = dict(
+        dp=dp, tp=tp, pp=pp, micro_batch_size=B // np.maximum(dp * k, 1), num_microbatches=k
+    )
     cols.update({name: np.full(rows, v, np.int64) for name, v in const.items()})
     return {name: cols[name].astype(np.float32) for name in KNOBS}

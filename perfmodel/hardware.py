@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from perfmodel import units
 from perfmodel.constants import Constants, constants_from_dict
-from perfmodel.errors import AisimError, bad_value, suggest
+from simbase import units
+from simbase.errors import AisimError, bad_value, suggest
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TIERS = ("intra_node", "inter_node", "wan")
@@ -81,7 +81,9 @@ def _number(where: str, field: str, value: Any, unit: str, *, allow_none=False, 
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise bad_value(where, field, value, f"a number in {unit}")
     if value < 0 or (positive and value == 0):
-        raise bad_value(where, field, value, f"a {'positive' if positive else 'non-negative'} number in {unit}")
+        raise bad_value(
+            where, field, value, f"a {'positive' if positive else 'non-negative'} number in {unit}"
+        )
     return float(value)
 
 
@@ -96,32 +98,56 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     required = ("peak_tflops", "memory_bandwidth_gb_per_s", "memory_capacity_gib", "links")
     for key in required:
         if key not in doc:
-            raise AisimError(f"{where}: missing field '{key}' (see `aisim presets hardware` and README 'Adding a preset')")
+            raise AisimError(
+                f"{where}: missing field '{key}' (see `aisim presets hardware` and README 'Adding a preset')"
+            )
     peaks = doc["peak_tflops"]
     if not isinstance(peaks, dict):
         raise bad_value(where, "peak_tflops", peaks, "an object {fp32: TFLOPS, bf16: TFLOPS, ...}")
     unknown = set(peaks) - set(DTYPES)
     if unknown:
-        raise bad_value(where, "peak_tflops", sorted(unknown)[0], f"dtype keys among {', '.join(DTYPES)}")
+        raise bad_value(
+            where, "peak_tflops", sorted(unknown)[0], f"dtype keys among {', '.join(DTYPES)}"
+        )
     peak = []
     for dt in DTYPES:
         v = _number(where, f"peak_tflops.{dt}", peaks.get(dt), "TFLOP/s", allow_none=True)
         peak.append(0.0 if v is None else v * units.TERA)
     if peak[0] == 0.0:
-        raise AisimError(f"{where}: field 'peak_tflops.fp32' is missing: expected a positive number in TFLOP/s")
+        raise AisimError(
+            f"{where}: field 'peak_tflops.fp32' is missing: expected a positive number in TFLOP/s"
+        )
     links = doc["links"]
     if not isinstance(links, dict):
-        raise bad_value(where, "links", links, "an object with intra_node, inter_node and wan tiers")
+        raise bad_value(
+            where, "links", links, "an object with intra_node, inter_node and wan tiers"
+        )
     bw, lat, tech = [], [], {}
     for tier in TIERS:
         if tier not in links:
-            raise AisimError(f"{where}: missing field 'links.{tier}' (bandwidth_gb_per_s, latency_us)")
+            raise AisimError(
+                f"{where}: missing field 'links.{tier}' (bandwidth_gb_per_s, latency_us)"
+            )
         t = links[tier]
-        bw.append(_number(where, f"links.{tier}.bandwidth_gb_per_s", t.get("bandwidth_gb_per_s"), "GB/s") * units.GIGA)
-        lat.append(_number(where, f"links.{tier}.latency_us", t.get("latency_us"), "microseconds", positive=False) * units.US)
+        bw.append(
+            _number(where, f"links.{tier}.bandwidth_gb_per_s", t.get("bandwidth_gb_per_s"), "GB/s")
+            * units.GIGA
+        )
+        lat.append(
+            _number(
+                where,
+                f"links.{tier}.latency_us",
+                t.get("latency_us"),
+                "microseconds",
+                positive=False,
+            )
+            * units.US
+        )
         tech[tier] = str(t.get("technology", ""))
     price = doc.get("price_per_device_hour_usd")
-    price = _number(where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True)
+    price = _number(
+        where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True
+    )
     gpn = _number(where, "gpus_per_node", doc.get("gpus_per_node", 8), "devices per node")
     shared = doc.get("devices_share_host", False)
     if not isinstance(shared, bool):
@@ -129,9 +155,14 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     spec = HardwareSpec(
         peak_flops_per_s=jnp.asarray(peak, jnp.float32),
         memory_bandwidth_bytes_per_s=jnp.asarray(
-            _number(where, "memory_bandwidth_gb_per_s", doc["memory_bandwidth_gb_per_s"], "GB/s") * units.GIGA, jnp.float32),
+            _number(where, "memory_bandwidth_gb_per_s", doc["memory_bandwidth_gb_per_s"], "GB/s")
+            * units.GIGA,
+            jnp.float32,
+        ),
         memory_capacity_bytes=jnp.asarray(
-            _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB") * units.GIB, jnp.float32),
+            _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB") * units.GIB,
+            jnp.float32,
+        ),
         link_bandwidth_bytes_per_s=jnp.asarray(bw, jnp.float32),
         link_latency_s=jnp.asarray(lat, jnp.float32),
         gpus_per_node=jnp.asarray(gpn, jnp.float32),

@@ -48,7 +48,9 @@ def stage_params(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     return first / s.tp
 
 
-def model_state_bytes_per_param(dtype_code) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
+def model_state_bytes_per_param(
+    dtype_code,
+) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
     """(weights, gradients, optimiser) bytes per parameter: 2/2/12 mixed, 4/4/8 in fp32/tf32."""
     full = dtype_code < 1.5  # fp32 or tf32
     return (jnp.where(full, 4.0, 2.0), jnp.where(full, 4.0, 2.0), jnp.where(full, 8.0, 12.0))
@@ -81,9 +83,11 @@ def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
     one_f_one_b = jnp.minimum(pp, m)
     interleaved = one_f_one_b * (1.0 + (pp - 1.0) / (pp * v))
     gpipe = m
-    return jnp.where(pp <= 1, 1.0,
-                     jnp.where(s.schedule < 0.5, gpipe,
-                               jnp.where(s.schedule > 1.5, interleaved, one_f_one_b)))
+    return jnp.where(
+        pp <= 1,
+        1.0,
+        jnp.where(s.schedule < 0.5, gpipe, jnp.where(s.schedule > 1.5, interleaved, one_f_one_b)),
+    )
 
 
 def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
@@ -100,5 +104,10 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
         logits = 4.0 * m.seq_len * s.micro_batch_size * m.vocab_size / s.tp
         acts = acts + jnp.where(s.pp <= 1, logits, 0.0)
     total = weights + grads + opt + acts
-    return MemoryBreakdown(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
-                           activations_bytes=acts, total_bytes=total)
+    return MemoryBreakdown(
+        weights_bytes=weights,
+        gradients_bytes=grads,
+        optimizer_bytes=opt,
+        activations_bytes=acts,
+        total_bytes=total,
+    )

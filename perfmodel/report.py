@@ -11,9 +11,18 @@ import pandas as pd
 from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.strategy import DTYPES, KNOBS, RECOMPUTE, SCHEDULES, Strategy
 
-SCALAR_KEYS = ("step_time_s", "throughput_samples_per_s", "tokens_per_s", "mfu", "hfu",
-               "model_tflops_per_gpu", "hardware_tflops_per_gpu", "dp_comm_total_s",
-               "cost_per_million_tokens_usd", "memory_per_device_bytes")
+SCALAR_KEYS = (
+    "step_time_s",
+    "throughput_samples_per_s",
+    "tokens_per_s",
+    "mfu",
+    "hfu",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "dp_comm_total_s",
+    "cost_per_million_tokens_usd",
+    "memory_per_device_bytes",
+)
 MEMORY_KEYS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes")
 
 
@@ -31,8 +40,16 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     """Knob columns with names for the coded choices (schedule, recompute, dtype)."""
     cols = {k: np.asarray(getattr(s, k)) for k in KNOBS}
     out: dict[str, np.ndarray] = {}
-    for k in ("dp", "tp", "pp", "micro_batch_size", "num_microbatches", "interleave", "zero_stage",
-              "gpus_per_node"):
+    for k in (
+        "dp",
+        "tp",
+        "pp",
+        "micro_batch_size",
+        "num_microbatches",
+        "interleave",
+        "zero_stage",
+        "gpus_per_node",
+    ):
         out[k] = cols[k].astype(np.int64)
     out["schedule"] = np.asarray(SCHEDULES, dtype=object)[cols["schedule"].astype(int)]
     out["recompute"] = np.asarray(RECOMPUTE, dtype=object)[cols["recompute"].astype(int)]
@@ -40,7 +57,9 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     out["dtype"] = np.asarray(DTYPES, dtype=object)[cols["dtype"].astype(int)]
     out["dp_overlap"] = cols["dp_overlap"].astype(bool)
     out["fused_attention"] = cols["fused_attention"].astype(bool)
-    out["global_batch_size"] = (cols["dp"] * cols["micro_batch_size"] * cols["num_microbatches"]).astype(np.int64)
+    out["global_batch_size"] = (
+        cols["dp"] * cols["micro_batch_size"] * cols["num_microbatches"]
+    ).astype(np.int64)
     out["num_gpus"] = (cols["dp"] * cols["tp"] * cols["pp"]).astype(np.int64)
     return out
 
@@ -50,7 +69,9 @@ def results_frame(s: Strategy, out: StepBreakdown) -> pd.DataFrame:
     s_cols = strategy_columns(s)
     n = len(np.atleast_1d(s_cols["dp"]))
     data = {k: np.atleast_1d(v) for k, v in s_cols.items()}
-    data.update({k: np.broadcast_to(np.atleast_1d(v), (n,)) for k, v in breakdown_columns(out).items()})
+    data.update(
+        {k: np.broadcast_to(np.atleast_1d(v), (n,)) for k, v in breakdown_columns(out).items()}
+    )
     return pd.DataFrame(data)
 
 
@@ -65,9 +86,24 @@ def row_to_result(row: pd.Series | dict) -> dict:
     doc["breakdown"]["step_time_s"] = _py(r["step_time_s"])
     doc["memory"] = {k: _py(r[f"memory_{k}"]) for k in MEMORY_KEYS}
     doc["memory"]["total_bytes"] = _py(r["memory_per_device_bytes"])
-    for k in ("dp", "tp", "pp", "micro_batch_size", "num_microbatches", "interleave", "schedule",
-              "zero_stage", "recompute", "sequence_parallel", "dtype", "dp_overlap", "fused_attention",
-              "global_batch_size", "num_gpus", "gpus_per_node"):
+    for k in (
+        "dp",
+        "tp",
+        "pp",
+        "micro_batch_size",
+        "num_microbatches",
+        "interleave",
+        "schedule",
+        "zero_stage",
+        "recompute",
+        "sequence_parallel",
+        "dtype",
+        "dp_overlap",
+        "fused_attention",
+        "global_batch_size",
+        "num_gpus",
+        "gpus_per_node",
+    ):
         if k in r:
             doc[k] = _py(r[k])
     return doc

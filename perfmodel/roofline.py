@@ -42,16 +42,22 @@ def op_time_s(
     flops_per_kernel = op.flops / k
     bytes_per_kernel = op.bytes / k
     if op.tensor:
-        eta_c = saturating_efficiency(flops_per_kernel, consts.matmul_efficiency_max, consts.matmul_half_flops)
+        eta_c = saturating_efficiency(
+            flops_per_kernel, consts.matmul_efficiency_max, consts.matmul_half_flops
+        )
         peak = tensor_flops_per_s
     else:
         eta_c = 1.0  # vector kernels are memory-bound; their FLOPs only bound them from below
         peak = vector_flops_per_s
-    eta_m = saturating_efficiency(bytes_per_kernel, consts.memory_efficiency_max, consts.memory_half_bytes)
+    eta_m = saturating_efficiency(
+        bytes_per_kernel, consts.memory_efficiency_max, consts.memory_half_bytes
+    )
     # guarded divisions: an empty op class (an MLP has no attention) must give 0 and a finite
     # gradient, which 0 / (0 + tiny) does not in float32
     # (the double where keeps the unselected branch's derivative finite too)
     has_flops, has_bytes = op.flops > 0, op.bytes > 0
     t_compute = jnp.where(has_flops, op.flops / jnp.where(has_flops, peak * eta_c, 1.0), 0.0)
-    t_memory = jnp.where(has_bytes, op.bytes / jnp.where(has_bytes, memory_bandwidth_bytes_per_s * eta_m, 1.0), 0.0)
+    t_memory = jnp.where(
+        has_bytes, op.bytes / jnp.where(has_bytes, memory_bandwidth_bytes_per_s * eta_m, 1.0), 0.0
+    )
     return jnp.maximum(t_compute, t_memory) + op.kernels * consts.kernel_overhead_s

@@ -22,17 +22,20 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Array, Bool, Float, Int
 
-from perfmodel import units
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.report import results_frame
 from perfmodel.step_time import StepBreakdown, evaluate_grid
 from perfmodel.strategy import StrategyGrid
 from perfmodel.workload import ModelSpec, total_params
+from simbase import units
 
 # ranking keys: (StepBreakdown field, larger is better)
-RANK_KEYS = {"throughput": ("tokens_per_s", True), "cost": ("cost_per_million_tokens_usd", False),
-             "mfu": ("mfu", True)}
+RANK_KEYS = {
+    "throughput": ("tokens_per_s", True),
+    "cost": ("cost_per_million_tokens_usd", False),
+    "mfu": ("mfu", True),
+}
 # model states with mixed-precision (or fp32) Adam, bytes per parameter (Rajbhandari et al. 2020)
 MODEL_STATE_BYTES_PER_PARAM = 16.0
 
@@ -53,7 +56,9 @@ def sweep_points(grid: StrategyGrid) -> tuple[np.ndarray, np.ndarray]:
     return inv.reshape(-1).astype(np.int32), pts
 
 
-def pareto_mask(cost: Float[Array, " n"], gain: Float[Array, " n"], ok: Bool[Array, " n"]) -> Bool[Array, " n"]:
+def pareto_mask(
+    cost: Float[Array, " n"], gain: Float[Array, " n"], ok: Bool[Array, " n"]
+) -> Bool[Array, " n"]:
     """Rows that no other row beats: none with ``cost <=`` and ``gain >`` (ties: the first).
 
     Sort by cost (then gain, descending) and keep the rows whose gain exceeds the running
@@ -77,8 +82,12 @@ def _score(out: StepBreakdown, rank_by: str):
 def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
     """The on-device reduction run inside :func:`evaluate_grid`'s jit (cached: one per shape)."""
 
-    def reduce(out: StepBreakdown, n: Int[Array, ""], point: Float[Array, " rows"],
-               zero3: Float[Array, " rows"]):
+    def reduce(
+        out: StepBreakdown,
+        n: Int[Array, ""],
+        point: Float[Array, " rows"],
+        zero3: Float[Array, " rows"],
+    ):
         rows = jnp.arange(out.step_time_s.shape[0])
         real = rows < n
         valid = real & (out.valid > 0)
@@ -88,27 +97,49 @@ def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
         top_val, top_idx = jax.lax.top_k(score, k)
         pt = point.astype(jnp.int32)
         if num_points <= 32:  # a few sweep points: dense masked argmax, fused by XLA (no scatter)
-            per = jnp.where(pt[None, :] == jnp.arange(num_points)[:, None], score[None, :], -jnp.inf)
+            per = jnp.where(
+                pt[None, :] == jnp.arange(num_points)[:, None], score[None, :], -jnp.inf
+            )
             best_idx = jnp.argmax(per, axis=1)
             best_idx = jnp.where(jnp.isfinite(jnp.max(per, axis=1)), best_idx, rows.shape[0])
         else:
             best = jax.ops.segment_max(score, pt, num_segments=num_points)
             is_best = ok & (score == best[pt]) & jnp.isfinite(score)
-            best_idx = jax.ops.segment_min(jnp.where(is_best, rows, rows.shape[0]), pt, num_segments=num_points)
+            best_idx = jax.ops.segment_min(
+                jnp.where(is_best, rows, rows.shape[0]), pt, num_segments=num_points
+            )
         if front_size:
             front = pareto_mask(out.memory_per_device_bytes, out.tokens_per_s, ok)
             (front_idx,) = jnp.nonzero(front, size=front_size, fill_value=rows.shape[0])
         else:  # no Pareto front asked for (skips the sort)
             front, front_idx = jnp.zeros((1,), bool), jnp.full((1,), rows.shape[0])
         mem = out.memory_per_device_bytes
-        small = jnp.stack([jnp.argmin(jnp.where(valid, mem, jnp.inf)),
-                           jnp.argmin(jnp.where(valid & (zero3 > 0), mem, jnp.inf))])
+        small = jnp.stack(
+            [
+                jnp.argmin(jnp.where(valid, mem, jnp.inf)),
+                jnp.argmin(jnp.where(valid & (zero3 > 0), mem, jnp.inf)),
+            ]
+        )
 
-        counts = jnp.stack([ok.sum(), (valid & ~(out.fits_memory > 0)).sum(), (real & ~valid).sum(),
-                            front.sum(), (valid & (zero3 > 0)).sum(), valid.sum()])
+        counts = jnp.stack(
+            [
+                ok.sum(),
+                (valid & ~(out.fits_memory > 0)).sum(),
+                (real & ~valid).sum(),
+                front.sum(),
+                (valid & (zero3 > 0)).sum(),
+                valid.sum(),
+            ]
+        )
         # indices only: gathering rows here would make XLA materialise every output of the grid
-        return dict(top_val=top_val, top_idx=top_idx, best_idx=best_idx, front_idx=front_idx, counts=counts,
-                    small_idx=small)
+        return dict(
+            top_val=top_val,
+            top_idx=top_idx,
+            best_idx=best_idx,
+            front_idx=front_idx,
+            counts=counts,
+            small_idx=small,
+        )
 
     return reduce
 
@@ -162,8 +193,17 @@ def _frame(grid: StrategyGrid, host_out, idx: np.ndarray, keep: np.ndarray) -> p
     return results_frame(grid.take(np.asarray(idx)[keep].astype(np.int64)).strategy(), sub)
 
 
-def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, step_fn=None,
-           k: int = 10, rank_by: str = "throughput", front_size: int = 256) -> SearchResult:
+def search(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    c: Constants,
+    grid: StrategyGrid,
+    *,
+    step_fn=None,
+    k: int = 10,
+    rank_by: str = "throughput",
+    front_size: int = 256,
+) -> SearchResult:
     """Evaluates a whole grid in one jit and reduces it on the device (top-k, per sweep point,
     Pareto front, counts): only those rows are transferred to the host.
 
@@ -185,8 +225,16 @@ def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, 
     point, points = sweep_points(grid)
     reduce = _reducer(max(1, min(int(k), rows)), len(points), min(int(front_size), rows), rank_by)
     zero3 = (grid.columns["zero_stage"] == 3).astype(np.float32)
-    res = evaluate_grid(m, hw, c, grid.strategy(), step_fn=step_fn, min_rows=rows, reduce=reduce,
-                        row_args=(point.astype(np.float32), zero3))
+    res = evaluate_grid(
+        m,
+        hw,
+        c,
+        grid.strategy(),
+        step_fn=step_fn,
+        min_rows=rows,
+        reduce=reduce,
+        row_args=(point.astype(np.float32), zero3),
+    )
     res = jax.tree.map(_to_host, res)
     counts = res["counts"]
     # the few selected rows are evaluated again, alone: the same step function, a tiny grid
@@ -194,8 +242,12 @@ def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, 
     sizes = np.cumsum([0] + [len(p) for p in parts])
     picked = np.clip(np.concatenate(parts), 0, n - 1).astype(np.int64)
     sub = grid.take(picked)
-    out = jax.tree.map(_to_host, evaluate_grid(m, hw, c, sub.strategy(), step_fn=step_fn,
-                                               min_rows=bucket_rows(len(sub), 256)))
+    out = jax.tree.map(
+        _to_host,
+        evaluate_grid(
+            m, hw, c, sub.strategy(), step_fn=step_fn, min_rows=bucket_rows(len(sub), 256)
+        ),
+    )
 
     def frame(j, keep):
         rows_j = np.arange(sizes[j], sizes[j + 1])[np.asarray(keep, bool)]
@@ -206,13 +258,23 @@ def search(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, 
     front = frame(2, res["front_idx"] < n)
     front = front.sort_values("memory_per_device_bytes", kind="stable").reset_index(drop=True)
     smallest = frame(3, np.array([counts[5] > 0, counts[4] > 0]))
-    return SearchResult(m, grid, top, best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
-                        front, smallest, int(counts[0]), int(counts[1]), int(counts[2]),
-                        bool(counts[3] > front_size))
+    return SearchResult(
+        m,
+        grid,
+        top,
+        best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
+        front,
+        smallest,
+        int(counts[0]),
+        int(counts[1]),
+        int(counts[2]),
+        bool(counts[3] > front_size),
+    )
 
 
-def feasible_frame(m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *,
-                   step_fn=None) -> pd.DataFrame:
+def feasible_frame(
+    m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, step_fn=None
+) -> pd.DataFrame:
     """Every feasible strategy of a grid with its full breakdown (for ``--out``)."""
     if len(grid) == 0:
         return pd.DataFrame()
@@ -226,8 +288,11 @@ def pareto_frame(df: pd.DataFrame, cost: str, gain: str = "tokens_per_s") -> pd.
     """The Pareto front of a (small, host) frame: lowest ``cost``, highest ``gain``, by cost."""
     if df.empty:
         return df
-    mask = np.asarray(pareto_mask(df[cost].to_numpy(np.float64), df[gain].to_numpy(np.float64),
-                                  np.ones(len(df), bool)))
+    mask = np.asarray(
+        pareto_mask(
+            df[cost].to_numpy(np.float64), df[gain].to_numpy(np.float64), np.ones(len(df), bool)
+        )
+    )
     return df[mask].sort_values(cost, kind="stable").reset_index(drop=True)
 
 
@@ -253,7 +318,10 @@ def no_feasible_message(r: SearchResult, model_name: str, capacity_bytes: float)
     """
     if r.evaluated == 0:
         rules = sorted(r.grid.rejected.items(), key=lambda kv: -kv[1])
-        why = "; ".join(f"{k} ({v} rejected)" for k, v in rules) or "no combination of the given knobs"
+        why = (
+            "; ".join(f"{k} ({v} rejected)" for k, v in rules)
+            or "no combination of the given knobs"
+        )
         return f"{model_name}: no valid strategy: {why}"
     if r.smallest.empty:
         return f"{model_name}: no valid strategy in the grid (every one breaks a divisibility rule)"
@@ -263,10 +331,14 @@ def no_feasible_message(r: SearchResult, model_name: str, capacity_bytes: float)
     need = math.ceil(states / capacity_bytes)
     row = r.smallest.iloc[-1]
     label = "ZeRO-3 " if len(r.smallest) > 1 else ""
-    where = (f"dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero_stage']} "
-             f"micro-batch={row['micro_batch_size']} recompute={row['recompute']}")
-    return (f"{model_name}: no strategy fits in {cap_gib:g} GiB per device: its model states "
-            f"({MODEL_STATE_BYTES_PER_PARAM:g} B/param × {params / 1e9:.3g}B params = {states / 1e9:.4g} GB) "
-            f"need at least {need} × {cap_gib:g} GiB per replica without ZeRO; the smallest "
-            f"{label}footprint in this grid is {row['memory_per_device_bytes'] / units.GIB:.1f} GiB "
-            f"per device ({where})")
+    where = (
+        f"dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero_stage']} "
+        f"micro-batch={row['micro_batch_size']} recompute={row['recompute']}"
+    )
+    return (
+        f"{model_name}: no strategy fits in {cap_gib:g} GiB per device: its model states "
+        f"({MODEL_STATE_BYTES_PER_PARAM:g} B/param × {params / 1e9:.3g}B params = {states / 1e9:.4g} GB) "
+        f"need at least {need} × {cap_gib:g} GiB per replica without ZeRO; the smallest "
+        f"{label}footprint in this grid is {row['memory_per_device_bytes'] / units.GIB:.1f} GiB "
+        f"per device ({where})"
+    )

@@ -46,8 +46,15 @@ from perfmodel.workload import (
 # Adam update traffic per parameter: read gradient, fp32 master, momentum, variance (2+4+4+4)
 # and write master, momentum, variance and the 16-bit weight (4+4+4+2) = 28 bytes.
 ADAM_BYTES_PER_PARAM = 28.0
-BREAKDOWN_TERMS = ("compute_s", "tp_comm_s", "dp_comm_exposed_s", "pp_p2p_s", "bubble_s",
-                   "optimizer_s", "overhead_s")
+BREAKDOWN_TERMS = (
+    "compute_s",
+    "tp_comm_s",
+    "dp_comm_exposed_s",
+    "pp_p2p_s",
+    "bubble_s",
+    "optimizer_s",
+    "overhead_s",
+)
 
 
 @jax.tree_util.register_dataclass
@@ -84,8 +91,9 @@ class StepBreakdown:
 
 
 def _scaled(op: OpClass, factor) -> OpClass:
-    return dataclasses.replace(op, flops=op.flops * factor, bytes=op.bytes * factor,
-                               kernels=op.kernels * factor)
+    return dataclasses.replace(
+        op, flops=op.flops * factor, bytes=op.bytes * factor, kernels=op.kernels * factor
+    )
 
 
 def _divides(d, n):
@@ -94,17 +102,27 @@ def _divides(d, n):
 
 def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
     """Divisibility and support checks of a strategy, as a boolean (never an exception)."""
-    ok = (s.dp >= 1) & (s.tp >= 1) & (s.pp >= 1) & (s.micro_batch_size >= 1) & (s.num_microbatches >= 1)
+    ok = (
+        (s.dp >= 1)
+        & (s.tp >= 1)
+        & (s.pp >= 1)
+        & (s.micro_batch_size >= 1)
+        & (s.num_microbatches >= 1)
+    )
     if m.kind == "transformer":
         ok &= _divides(s.tp, m.num_heads) & _divides(s.tp, m.num_kv_heads)
     else:
         ok &= _divides(s.tp, m.hidden_size)
     ok &= s.pp <= m.num_layers
     interleaved = s.schedule > 1.5
-    ok &= jnp.where(interleaved,
-                    (s.interleave >= 2) & (s.pp > 1) & _divides(s.pp * s.interleave, m.num_layers)
-                    & _divides(s.pp, s.num_microbatches),
-                    s.interleave == 1)
+    ok &= jnp.where(
+        interleaved,
+        (s.interleave >= 2)
+        & (s.pp > 1)
+        & _divides(s.pp * s.interleave, m.num_layers)
+        & _divides(s.pp, s.num_microbatches),
+        s.interleave == 1,
+    )
     ok &= hw.peak_flops_per_s[s.dtype.astype(jnp.int32)] > 0
     return ok
 
@@ -147,7 +165,9 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     fa_redo = dataclasses.replace(_scaled(ops.attention, 0.5), kernels=jnp.zeros(()))
     bwd_layer = sum(t(_scaled(op, 2.0)) for op in classes) + jnp.where(fused, t(fa_redo), 0.0)
     attn_core = t(ops.attention) + t(ops.softmax)  # what selective recomputation redoes
-    layer_mb = fwd_layer + bwd_layer + jnp.where(full, fwd_layer, jnp.where(selective, attn_core, 0.0))
+    layer_mb = (
+        fwd_layer + bwd_layer + jnp.where(full, fwd_layer, jnp.where(selective, attn_core, 0.0))
+    )
     logits_mm, xent = logits_forward_ops(m, b, tp, act_b)
     logits_mb = t(_scaled(logits_mm, 3.0)) + t(_scaled(xent, 2.0))
     n_layers = layers_per_stage(m, s)
@@ -155,8 +175,12 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
 
     # ---- tensor-parallel collectives (tp innermost: stride 1)
     gpn = s.gpus_per_node
-    tp_alpha, tp_beta = coll.link_params(coll.tier_of_group(tp, 1.0, gpn), hw.link_bandwidth_bytes_per_s,
-                                         c.link_latency_s, c.link_bandwidth_efficiency)
+    tp_alpha, tp_beta = coll.link_params(
+        coll.tier_of_group(tp, 1.0, gpn),
+        hw.link_bandwidth_bytes_per_s,
+        c.link_latency_s,
+        c.link_bandwidth_efficiency,
+    )
     if m.kind == "transformer":
         n_tp = b * m.seq_len * m.hidden_size * act_b
         per_layer = 4.0 + jnp.where(full, 2.0, 0.0)  # 2 fwd + 2 bwd (+2 recomputed fwd)
@@ -173,16 +197,26 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     bubble_s = (pp - 1.0) / v * (stage_compute_mb + stage_tp_mb)
 
     # ---- pipeline point-to-point (stride tp·dp between neighbouring stages)
-    pp_alpha, pp_beta = coll.link_params(coll.tier_of_group(2.0, tp * dp, gpn), hw.link_bandwidth_bytes_per_s,
-                                         c.link_latency_s, c.link_bandwidth_efficiency)
+    pp_alpha, pp_beta = coll.link_params(
+        coll.tier_of_group(2.0, tp * dp, gpn),
+        hw.link_bandwidth_bytes_per_s,
+        c.link_latency_s,
+        c.link_bandwidth_efficiency,
+    )
     # Megatron's scatter/gather optimisation sends 1/tp of the activation per rank over the
     # inter-node link and all-gathers it over NVLink (Narayanan et al. SC21 §4.1)
     n_pp = b * tokens_per_sample(m) * m.hidden_size * act_b / tp
-    pp_p2p_s = jnp.where(pp > 1, 2.0 * (v * mb + pp - 1.0) * coll.p2p_s(n_pp, pp_alpha, pp_beta), 0.0)
+    pp_p2p_s = jnp.where(
+        pp > 1, 2.0 * (v * mb + pp - 1.0) * coll.p2p_s(n_pp, pp_alpha, pp_beta), 0.0
+    )
 
     # ---- data-parallel gradient traffic (stride tp), partly hidden behind the last backward
-    dp_alpha, dp_beta = coll.link_params(coll.tier_of_group(dp, tp, gpn), hw.link_bandwidth_bytes_per_s,
-                                         c.link_latency_s, c.link_bandwidth_efficiency)
+    dp_alpha, dp_beta = coll.link_params(
+        coll.tier_of_group(dp, tp, gpn),
+        hw.link_bandwidth_bytes_per_s,
+        c.link_latency_s,
+        c.link_bandwidth_efficiency,
+    )
     params_dev = stage_params(m, s)
     w_b, g_b, _ = model_state_bytes_per_param(s.dtype)
     zero3 = s.zero_stage > 2.5
@@ -196,8 +230,11 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     rs = coll.reduce_scatter_s(dp, params_dev * g_b, dp_alpha, dp_beta)
     ag = coll.all_gather_s(dp, params_dev * w_b, dp_alpha, dp_beta)
     per_mb = jnp.where(s.zero_stage > 1.5, mb, 1.0)
-    hideable = jnp.where(s.zero_stage > 0.5, per_mb * rs + jnp.where(zero3, 2.0 * mb * ag, 0.0),
-                         coll.all_reduce_s(dp, params_dev * g_b, dp_alpha, dp_beta))
+    hideable = jnp.where(
+        s.zero_stage > 0.5,
+        per_mb * rs + jnp.where(zero3, 2.0 * mb * ag, 0.0),
+        coll.all_reduce_s(dp, params_dev * g_b, dp_alpha, dp_beta),
+    )
     exposed = jnp.where((s.zero_stage > 0.5) & ~zero3, ag, 0.0)
     dp_total = hideable + exposed
     window = per_mb * n_layers * jnp.where(zero3, fwd_layer + bwd_layer, bwd_layer)
@@ -207,17 +244,21 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     # ---- optimizer step (memory-bound), on this rank's shard under ZeRO >= 1
     local = params_dev / jnp.where(s.zero_stage > 0.5, dp, 1.0)
     opt_bytes = local * ADAM_BYTES_PER_PARAM
-    optimizer_s = c.optimizer_time_factor * t(OpClass(flops=local * 10.0, bytes=opt_bytes,
-                                                      kernels=jnp.ones(()), tensor=False))
+    optimizer_s = c.optimizer_time_factor * t(
+        OpClass(flops=local * 10.0, bytes=opt_bytes, kernels=jnp.ones(()), tensor=False)
+    )
     overhead_s = c.microbatch_overhead_s * mb * v
 
     # devices time-sliced on one host's cores (XLA's CPU devices, ``hw.devices_share_host``):
     # each of the n busy at once gets 1/n of the host, so its own work (kernels, optimizer,
     # dispatch) takes n times as long as on the whole host; a collective is one copy on the
     # shared memory for all of them, so the alpha-beta terms stay as they are
-    slicing = jnp.where(hw.devices_share_host > 0, jnp.maximum(jnp.minimum(s.num_gpus, gpn), 1.0), 1.0)
+    slicing = jnp.where(
+        hw.devices_share_host > 0, jnp.maximum(jnp.minimum(s.num_gpus, gpn), 1.0), 1.0
+    )
     compute_s, bubble_s, optimizer_s, overhead_s = (
-        slicing * x for x in (compute_s, bubble_s, optimizer_s, overhead_s))
+        slicing * x for x in (compute_s, bubble_s, optimizer_s, overhead_s)
+    )
     total = compute_s + tp_comm_s + dp_exposed + pp_p2p_s + bubble_s + optimizer_s + overhead_s
 
     # ---- throughput and utilisation
@@ -226,8 +267,11 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     tokens = gbs * tokens_per_sample(m)
     model_flops = model_flops_per_step(m, gbs)
     fwd_flops_dev = sum(op.flops for op in classes)
-    hw_layer = (3.0 * fwd_flops_dev + jnp.where(full, fwd_flops_dev, jnp.where(selective, ops.attention.flops, 0.0))
-                + jnp.where(fused, fa_redo.flops, 0.0))
+    hw_layer = (
+        3.0 * fwd_flops_dev
+        + jnp.where(full, fwd_flops_dev, jnp.where(selective, ops.attention.flops, 0.0))
+        + jnp.where(fused, fa_redo.flops, 0.0)
+    )
     hardware_flops = (m.num_layers * hw_layer + 3.0 * logits_mm.flops) * tp * mb * dp
     denom = total * gpus * nominal_peak
     mem = memory_per_device(m, s)
@@ -235,24 +279,43 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     valid = validity(m, hw, s)
     price = hw.price_per_device_hour_usd
     return StepBreakdown(
-        compute_s=compute_s, tp_comm_s=tp_comm_s, dp_comm_exposed_s=dp_exposed, pp_p2p_s=pp_p2p_s,
-        bubble_s=bubble_s, optimizer_s=optimizer_s, overhead_s=overhead_s, step_time_s=total,
+        compute_s=compute_s,
+        tp_comm_s=tp_comm_s,
+        dp_comm_exposed_s=dp_exposed,
+        pp_p2p_s=pp_p2p_s,
+        bubble_s=bubble_s,
+        optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
+        step_time_s=total,
         dp_comm_total_s=dp_total,
-        throughput_samples_per_s=gbs / total, tokens_per_s=tokens / total,
-        model_flops=model_flops, hardware_flops=hardware_flops,
+        throughput_samples_per_s=gbs / total,
+        tokens_per_s=tokens / total,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
         mfu=jnp.where(denom > 0, model_flops / denom, 0.0),
         hfu=jnp.where(denom > 0, hardware_flops / denom, 0.0),
         model_tflops_per_gpu=model_flops / (total * gpus) / 1e12,
         hardware_tflops_per_gpu=hardware_flops / (total * gpus) / 1e12,
         cost_per_million_tokens_usd=price * gpus * total / 3600.0 / tokens * 1e6,
-        memory=mem, memory_per_device_bytes=mem.total_bytes,
-        fits_memory=fits, valid=valid, feasible=fits & valid,
+        memory=mem,
+        memory_per_device_bytes=mem.total_bytes,
+        fits_memory=fits,
+        valid=valid,
+        feasible=fits & valid,
     )
 
 
 def evaluate_grid(
-    m: ModelSpec, hw: HardwareSpec, c: Constants, grid: Strategy, *, step_fn=None,
-    min_rows: int = 0, trim: bool = True, reduce=None, row_args: tuple = (),
+    m: ModelSpec,
+    hw: HardwareSpec,
+    c: Constants,
+    grid: Strategy,
+    *,
+    step_fn=None,
+    min_rows: int = 0,
+    trim: bool = True,
+    reduce=None,
+    row_args: tuple = (),
 ):
     """:func:`step_time` over a struct-of-arrays grid (leading axis ``n``): one ``jit(vmap)``.
 
@@ -282,8 +345,9 @@ def evaluate_grid(
     n = int(grid.dp.shape[0])
     devices = jax.devices()
     rows = -(-max(n, int(min_rows), 1) // len(devices)) * len(devices)
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.asarray(devices), ("n",)),
-                                          jax.sharding.PartitionSpec("n"))
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.asarray(devices), ("n",)), jax.sharding.PartitionSpec("n")
+    )
 
     def place(leaf):
         host = np.asarray(leaf)
@@ -294,8 +358,16 @@ def evaluate_grid(
 
     placed = jax.tree.map(place, grid)
     if reduce is not None:
-        return _evaluate_grid(fn, reduce, m, hw, c, placed, jnp.asarray(n, jnp.int32),
-                              tuple(place(a) for a in row_args))
+        return _evaluate_grid(
+            fn,
+            reduce,
+            m,
+            hw,
+            c,
+            placed,
+            jnp.asarray(n, jnp.int32),
+            tuple(place(a) for a in row_args),
+        )
     out = _evaluate_grid(fn, None, m, hw, c, placed, None, ())
     if trim and rows != n:
         out = jax.tree.map(lambda x: x[:n], out)
@@ -319,6 +391,6 @@ def select_step_fn(cost_model: str = "aisim"):
         from perfmodel.distir import distir_step_time
 
         return distir_step_time
-    from perfmodel.errors import bad_value
+    from simbase.errors import bad_value
 
     raise bad_value("command line", "--cost-model", cost_model, "aisim or distir")

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from perfmodel import units
-from perfmodel.errors import AisimError, bad_value, suggest
+from simbase import units
+from simbase.errors import AisimError, bad_value, suggest
 
 KINDS = ("transformer", "mlp")
 
@@ -126,27 +126,45 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         if hidden % heads:
             raise bad_value(where, "hidden_size", hidden, f"a multiple of num_heads={heads:g}")
         vals = dict(
-            num_heads=heads, num_kv_heads=kv,
+            num_heads=heads,
+            num_kv_heads=kv,
             ffn_hidden_size=_get(where, doc, "ffn_hidden_size", default=4 * hidden),
-            seq_len=_get(where, doc, "seq_len"), vocab_size=_get(where, doc, "vocab_size"),
+            seq_len=_get(where, doc, "seq_len"),
+            vocab_size=_get(where, doc, "vocab_size"),
             gated_mlp=float(bool(doc.get("gated_mlp", False))),
             tied_embeddings=float(bool(doc.get("tied_embeddings", True))),
             learned_pos_emb=float(bool(doc.get("learned_pos_emb", True))),
-            bias=float(bool(doc.get("bias", True))), input_size=0.0, output_size=0.0,
+            bias=float(bool(doc.get("bias", True))),
+            input_size=0.0,
+            output_size=0.0,
         )
     else:
         vals = dict(
-            num_heads=1.0, num_kv_heads=1.0, ffn_hidden_size=hidden, seq_len=1.0, vocab_size=0.0,
-            gated_mlp=0.0, tied_embeddings=0.0, learned_pos_emb=0.0,
+            num_heads=1.0,
+            num_kv_heads=1.0,
+            ffn_hidden_size=hidden,
+            seq_len=1.0,
+            vocab_size=0.0,
+            gated_mlp=0.0,
+            tied_embeddings=0.0,
+            learned_pos_emb=0.0,
             bias=float(bool(doc.get("bias", False))),
             input_size=_get(where, doc, "input_size", default=hidden),
             output_size=_get(where, doc, "output_size", default=hidden),
         )
-    spec = ModelSpec(num_layers=jnp.asarray(layers, _F), hidden_size=jnp.asarray(hidden, _F),
-                     kind=kind, **{k: jnp.asarray(v, _F) for k, v in vals.items()})
+    spec = ModelSpec(
+        num_layers=jnp.asarray(layers, _F),
+        hidden_size=jnp.asarray(hidden, _F),
+        kind=kind,
+        **{k: jnp.asarray(v, _F) for k, v in vals.items()},
+    )
     pub = doc.get("published_params")
-    return Model(name=str(doc.get("name", Path(where).stem)).lower(), spec=spec,
-                 published_params=None if pub is None else float(pub), source=str(doc.get("source", "")))
+    return Model(
+        name=str(doc.get("name", Path(where).stem)).lower(),
+        spec=spec,
+        published_params=None if pub is None else float(pub),
+        source=str(doc.get("source", "")),
+    )
 
 
 def load_model(name: str) -> Model:
@@ -181,8 +199,15 @@ def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp")
     hidden = widths[1:-1] or [widths[-1]]
     if len(set(hidden)) != 1:
         raise bad_value("--widths", "widths", widths, "equal hidden widths (in-h-...-h-out)")
-    doc = dict(kind="mlp", num_layers=len(widths) - 1, hidden_size=hidden[0], input_size=widths[0],
-               output_size=widths[-1], bias=bias, name=name)
+    doc = dict(
+        kind="mlp",
+        num_layers=len(widths) - 1,
+        hidden_size=hidden[0],
+        input_size=widths[0],
+        output_size=widths[-1],
+        bias=bias,
+        name=name,
+    )
     return model_from_dict(doc, "--widths")
 
 
@@ -197,12 +222,22 @@ def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -
     try:
         n = units.parse_count(params)
     except ValueError:
-        raise bad_value("--params", "params", params, "a parameter count like 60M or 1.5B") from None
+        raise bad_value(
+            "--params", "params", params, "a parameter count like 60M or 1.5B"
+        ) from None
     if n < layers:
         raise bad_value("--params", "params", params, f"at least {layers} parameters")
     h = max(1, round(math.sqrt(n / layers)))
-    return model_from_dict(dict(kind="mlp", num_layers=layers, hidden_size=h, bias=False,
-                                name=f"mlp-{units.format_count(n)}".lower()), "--params")
+    return model_from_dict(
+        dict(
+            kind="mlp",
+            num_layers=layers,
+            hidden_size=h,
+            bias=False,
+            name=f"mlp-{units.format_count(n)}".lower(),
+        ),
+        "--params",
+    )
 
 
 def with_overrides(model: Model, **dims: float | None) -> Model:
@@ -266,12 +301,17 @@ def total_params(m: ModelSpec) -> Float[Array, ""]:
 
 
 def _op(flops, nbytes, kernels, tensor=True) -> OpClass:
-    return OpClass(flops=jnp.asarray(flops, _F), bytes=jnp.asarray(nbytes, _F),
-                   kernels=jnp.asarray(kernels, _F), tensor=tensor)
+    return OpClass(
+        flops=jnp.asarray(flops, _F),
+        bytes=jnp.asarray(nbytes, _F),
+        kernels=jnp.asarray(kernels, _F),
+        tensor=tensor,
+    )
 
 
-def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes,
-                      fused_attention=0.0) -> LayerOps:
+def layer_forward_ops(
+    m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes, fused_attention=0.0
+) -> LayerOps:
     """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``).
 
     Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
@@ -292,7 +332,10 @@ def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_byte
         out = (m.output_size + (L - 1.0) * h) / L  # mean output width
         zero = _op(0.0, 0.0, 0.0)
         return LayerOps(
-            qkv=zero, attention=zero, softmax=_op(0.0, 0.0, 0.0, tensor=False), proj=zero,
+            qkv=zero,
+            attention=zero,
+            softmax=_op(0.0, 0.0, 0.0, tensor=False),
+            proj=zero,
             mlp=_op(2.0 * T * w / t, B * (T * io + w) / t, 1.0),
             elementwise=_op(T * out / t, B * 2.0 * T * out / t, 1.0, tensor=False),
         )
@@ -304,13 +347,24 @@ def layer_forward_ops(m: ModelSpec, micro_batch, tp, sequence_parallel, act_byte
     unfused = jnp.where(fused_attention > 0, 0.0, 1.0)
     return LayerOps(
         qkv=_op(2.0 * T * h * qo / t, B * (T * h + h * qo / t + T * qo / t), 1.0),
-        attention=_op(4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores * unfused), 1.0 + unfused),
-        softmax=_op(5.0 * scores * unfused, B * 5.0 * scores * unfused, 2.0 * unfused, tensor=False),
+        attention=_op(
+            4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores * unfused), 1.0 + unfused
+        ),
+        softmax=_op(
+            5.0 * scores * unfused, B * 5.0 * scores * unfused, 2.0 * unfused, tensor=False
+        ),
         proj=_op(2.0 * T * h * h / t, B * (T * h / t + h * h / t + T * h), 1.0),
-        mlp=_op(2.0 * T * h * f * (g + 1.0) / t,
-                B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t), 2.0),
-        elementwise=_op(10.0 * T * h / rep + 8.0 * T * f / t,
-                        B * (10.0 * T * h / rep + (2.0 + g) * T * f / t), 8.0, tensor=False),
+        mlp=_op(
+            2.0 * T * h * f * (g + 1.0) / t,
+            B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t),
+            2.0,
+        ),
+        elementwise=_op(
+            10.0 * T * h / rep + 8.0 * T * f / t,
+            B * (10.0 * T * h / rep + (2.0 + g) * T * f / t),
+            8.0,
+            tensor=False,
+        ),
     )
 
 

@@ -42,7 +42,9 @@ def test_notebook_is_stripped_and_has_quick_knob(path: Path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name}: no code cells"
     for i, c in enumerate(code):
-        assert c.outputs == [] and c.execution_count is None, f"{path.name}: code cell {i} has outputs"
+        assert c.outputs == [] and c.execution_count is None, (
+            f"{path.name}: code cell {i} has outputs"
+        )
     first = code[0].source
     assert 'os.environ.get("AISIM_NOTEBOOK_QUICK") == "1"' in first, (
         f"{path.name}: the first code cell must read the AISIM_NOTEBOOK_QUICK knob"

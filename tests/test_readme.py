@@ -74,10 +74,19 @@ def test_readme_command_runs(cmd, expected, workdir):
     # run as a user would, in bash, with this interpreter's bin folder (the project's `aisim`
     # and `python`) first on PATH
     bindir = str(Path(sys.executable).parent)
-    env = dict(os.environ, AISIM_QUICK="1", MPLBACKEND="Agg", COLUMNS="160",
-               PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run(["bash", "-c", cmd], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == expected, f"{cmd}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    env = dict(
+        os.environ,
+        AISIM_QUICK="1",
+        MPLBACKEND="Agg",
+        COLUMNS="160",
+        PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
+    )
+    r = subprocess.run(
+        ["bash", "-c", cmd], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == expected, (
+        f"{cmd}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    )
     if expected:
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr

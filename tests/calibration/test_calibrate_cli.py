@@ -16,11 +16,30 @@ runner = CliRunner()
 def test_fit_json_profile_is_deterministic_and_usable(tmp_path):
     meas = str(DATA / "korthikanti2022_table5_iteration_time.csv")
     p1, p2, png = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "parity.png"
-    r = runner.invoke(app, ["calibrate", "fit", meas, "--hardware", "a100-80gb", "--json", "--out", str(p1),
-                            "--plot", str(png)])
+    r = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "fit",
+            meas,
+            "--hardware",
+            "a100-80gb",
+            "--json",
+            "--out",
+            str(p1),
+            "--plot",
+            str(png),
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    for key in ("rows", "in_sample_mape_pct", "in_sample_max_error_pct", "cv_mape_pct", "constants"):
+    for key in (
+        "rows",
+        "in_sample_mape_pct",
+        "in_sample_max_error_pct",
+        "cv_mape_pct",
+        "constants",
+    ):
         assert key in doc
     assert doc["rows"] == 8 and doc["in_sample_mape_pct"] < 3 and doc["in_sample_max_error_pct"] < 8
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -28,13 +47,19 @@ def test_fit_json_profile_is_deterministic_and_usable(tmp_path):
     assert r2.exit_code == 0, r2.output
     assert p1.read_bytes() == p2.read_bytes()  # same data and seed: same bytes
     prof = json.loads(p1.read_text())
-    assert prof["schema"] == "aisim.profile/1" and prof["hardware"] == "a100-80gb" and len(prof["data_sha256"]) == 64
+    assert (
+        prof["schema"] == "aisim.profile/1"
+        and prof["hardware"] == "a100-80gb"
+        and len(prof["data_sha256"]) == 64
+    )
     # the profile feeds predict: its predictions reproduce the fit's in-sample errors
     out = tmp_path / "pred.csv"
     r3 = runner.invoke(app, ["calibrate", "predict", meas, "--profile", str(p1), "--out", str(out)])
     assert r3.exit_code == 0, r3.output
     pred = pd.read_csv(out)
-    assert len(pred) == 8 and "predicted_step_time_s" in pred and "measured_iteration_time_s" in pred
+    assert (
+        len(pred) == 8 and "predicted_step_time_s" in pred and "measured_iteration_time_s" in pred
+    )
     fitted = [row["error_pct"] for row in doc["per_row"]]
     assert (pred["error_pct"] - pd.Series(fitted)).abs().max() < 0.01
 
@@ -43,16 +68,23 @@ def test_colossal_seed_single_row_then_predict_fills_the_rest(tmp_path):
     seed = str(SHIPPED / "seed_distir_vs_colossal.csv")
     prof = tmp_path / "v100.json"
     common = ["--hardware", "v100-32gb", "--model", "mlp-small", "--dtype", "fp16"]
-    r = runner.invoke(app, ["calibrate", "fit", seed, *common, "--fit", "efficiency", "--out", str(prof), "--json"])
+    r = runner.invoke(
+        app,
+        ["calibrate", "fit", seed, *common, "--fit", "efficiency", "--out", str(prof), "--json"],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["rows"] == 1
     out = tmp_path / "pred.csv"
-    r = runner.invoke(app, ["calibrate", "predict", seed, *common, "--profile", str(prof), "--out", str(out)])
+    r = runner.invoke(
+        app, ["calibrate", "predict", seed, *common, "--profile", str(prof), "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     pred = pd.read_csv(out)
     measured = pred[(pred["kind"] == "measured")]
     assert abs(measured["predicted_throughput_samples_per_s"].iloc[0] - 4.5) < 0.01
-    assert measured["predicted_throughput_samples_per_s"].is_monotonic_increasing  # bigger batches, more samples/s
+    assert measured[
+        "predicted_throughput_samples_per_s"
+    ].is_monotonic_increasing  # bigger batches, more samples/s
 
 
 def test_benchmark_rows_bad_row_rejected_unless_skipped(tmp_path):
@@ -60,7 +92,9 @@ def test_benchmark_rows_bad_row_rejected_unless_skipped(tmp_path):
     r = runner.invoke(app, ["calibrate", "predict", bench, "--out", str(tmp_path / "p.csv")])
     assert r.exit_code == 2
     assert ":3: field 'dp' = 2" in r.stderr and "--skip-bad-rows" in r.stderr
-    r = runner.invoke(app, ["calibrate", "predict", bench, "--skip-bad-rows", "--out", str(tmp_path / "p.csv")])
+    r = runner.invoke(
+        app, ["calibrate", "predict", bench, "--skip-bad-rows", "--out", str(tmp_path / "p.csv")]
+    )
     assert r.exit_code == 0, r.output
     pred = pd.read_csv(tmp_path / "p.csv")
     assert len(pred) == 3 and pred["chosen_micro_batch_size"].notna().all()

@@ -13,7 +13,7 @@ from aisim.calibrate_import import import_colossal_command
 from calibration import measurements as meas
 from calibration.colossal import import_logs, parse_command, parse_log
 from calibration.measurements import load_measurements
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -32,8 +32,10 @@ from aisim.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN, BATCH, DP = (512, 768), (64, 256), (1, 2, 4)
-FREE = ("matmul_efficiency_max,matmul_half_flops,kernel_overhead_s,"
-        "link_bandwidth_efficiency.intra_node,link_latency_s.intra_node,optimizer_time_factor")
+FREE = (
+    "matmul_efficiency_max,matmul_half_flops,kernel_overhead_s,"
+    "link_bandwidth_efficiency.intra_node,link_latency_s.intra_node,optimizer_time_factor"
+)
 HELD_OUT_MAPE_LIMIT_PCT = 20.0
 
 
@@ -79,12 +81,17 @@ def test_measure_fit_predict_held_out_half_on_four_host_devices(tmp_path):
     pred = pd.read_csv(pred_csv)
     held = df[~fitted].reset_index(drop=True)
     # the error is recomputed from the raw columns, not taken from predict's own error_pct
-    err_pct = 100.0 * (pred["predicted_step_time_s"].to_numpy() / held["step_time_s"].to_numpy() - 1.0)
+    err_pct = 100.0 * (
+        pred["predicted_step_time_s"].to_numpy() / held["step_time_s"].to_numpy() - 1.0
+    )
     mape = float(np.mean(np.abs(err_pct)))
     table = held[["hidden_size", "global_batch_size", "dp", "step_time_s"]].assign(
-        predicted_step_time_s=pred["predicted_step_time_s"], error_pct=err_pct.round(1))
-    print(f"\nfitted on 6 rows: in-sample MAPE {doc['in_sample_mape_pct']:.1f}%, "
-          f"leave-one-out MAPE {doc['cv_mape_pct']:.1f}%")
+        predicted_step_time_s=pred["predicted_step_time_s"], error_pct=err_pct.round(1)
+    )
+    print(
+        f"\nfitted on 6 rows: in-sample MAPE {doc['in_sample_mape_pct']:.1f}%, "
+        f"leave-one-out MAPE {doc['cv_mape_pct']:.1f}%"
+    )
     print(table.to_string(index=False))
     print(f"held-out half (6 configurations): MAPE {mape:.1f}%, max {np.max(np.abs(err_pct)):.1f}%")
     np.testing.assert_allclose(pred["error_pct"].to_numpy(), err_pct, rtol=1e-6, atol=1e-6)
@@ -108,12 +115,25 @@ def test_time_slicing_multiplies_each_devices_own_work_not_collectives():
                        output_size=256, ffn_hidden_size=256)  # fmt: skip
     for dp in (1, 2, 4):
         s = make_strategy(dp=dp, micro_batch_size=64 // dp, dtype="fp32")
-        shared, alone = step_time(m.spec, hw.spec, hw.constants, s), step_time(m.spec, dedicated, hw.constants, s)
+        shared, alone = (
+            step_time(m.spec, hw.spec, hw.constants, s),
+            step_time(m.spec, dedicated, hw.constants, s),
+        )
         for term in ("compute_s", "optimizer_s", "overhead_s"):
             np.testing.assert_allclose(getattr(shared, term), dp * getattr(alone, term), rtol=1e-6)
         np.testing.assert_allclose(shared.dp_comm_total_s, alone.dp_comm_total_s, rtol=1e-6)
-        total = sum(getattr(shared, t) for t in ("compute_s", "tp_comm_s", "dp_comm_exposed_s",
-                                                  "pp_p2p_s", "bubble_s", "optimizer_s", "overhead_s"))
+        total = sum(
+            getattr(shared, t)
+            for t in (
+                "compute_s",
+                "tp_comm_s",
+                "dp_comm_exposed_s",
+                "pp_p2p_s",
+                "bubble_s",
+                "optimizer_s",
+                "overhead_s",
+            )
+        )
         np.testing.assert_allclose(shared.step_time_s, total, rtol=1e-6)
 
 
@@ -127,7 +147,12 @@ def test_rounds_interleave_and_min_statistic():
     assert done == [0, 1] and [r["global_batch_size"] for r in rows] == [4, 8]
     for r in rows:
         assert r["rounds"] == 3 and r["statistic"] == "min"
-        assert r["step_time_s"] == r["step_time_min_s"] <= r["step_time_median_s"] <= r["step_time_max_s"]
+        assert (
+            r["step_time_s"]
+            == r["step_time_min_s"]
+            <= r["step_time_median_s"]
+            <= r["step_time_max_s"]
+        )
         assert r["host_devices"] >= 1 and r["host_cores"] >= 1 and r["platform"] == "cpu"
 
 
@@ -138,7 +163,12 @@ def test_measure_sweeps_widths_and_rejects_a_bad_statistic(tmp_path):
                                    "--out", str(out), "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out)
-    assert list(zip(df["num_layers"], df["hidden_size"], strict=True)) == [(1, 8), (1, 16), (2, 8), (2, 16)]
+    assert list(zip(df["num_layers"], df["hidden_size"], strict=True)) == [
+        (1, 8),
+        (1, 16),
+        (2, 8),
+        (2, 16),
+    ]
     assert (df["input_size"] == df["hidden_size"]).all()
     res = CliRunner().invoke(app, ["measure", "--params", "20K", "--statistic", "mean"])
     assert res.exit_code == 2 and "one of median, min" in res.output

@@ -11,7 +11,7 @@ import pytest
 from calibration import measurements as meas
 from calibration.measurements import data_path, load_measurements, normalise_measurements
 from calibration.objective import resolve_rows, row_strategy
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 MODELS = ["gpt2", "gpt2-medium", "gpt2-large", "gpt3-175b", "megatron-22b", "turing-530b",
@@ -148,9 +148,17 @@ def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
     df = load_measurements(p, purpose="fit")
     assert df["dp_overlap"].tolist()[:2] == [False, True] and df["dp_overlap"].isna().iloc[2]
     strategies = [row_strategy(rc) for rc in resolve_rows(df)]
-    assert [float(s.dp_overlap) for s in strategies] == [0.0, 1.0, 1.0]  # blank: the default, overlap
-    bad = write(tmp_path, "model,hardware,num_gpus,overlap_grad_reduce\ngpt2,h200,2,sometimes\n", "bad.csv")
-    with pytest.raises(AisimError, match=r"bad.csv:1: field 'dp_overlap' = 'sometimes': expected yes/no"):
+    assert [float(s.dp_overlap) for s in strategies] == [
+        0.0,
+        1.0,
+        1.0,
+    ]  # blank: the default, overlap
+    bad = write(
+        tmp_path, "model,hardware,num_gpus,overlap_grad_reduce\ngpt2,h200,2,sometimes\n", "bad.csv"
+    )
+    with pytest.raises(
+        AisimError, match=r"bad.csv:1: field 'dp_overlap' = 'sometimes': expected yes/no"
+    ):
         load_measurements(bad)
 
 

@@ -26,7 +26,14 @@ GPT3 = load_model("gpt3-175b")
 
 def _eq3_flops(batch, seq, layers, hidden, vocab):
     """Narayanan et al. SC21 eq. 3 (FLOPs per iteration, full recomputation counted)."""
-    return 96.0 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    return (
+        96.0
+        * batch
+        * seq
+        * layers
+        * hidden**2
+        * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,11 @@ def table():
 def fitted(table):
     rows = resolve_rows(table)
     batch = build_batch(rows)
-    r = fit(parse_free(None, rows[0].hardware.constants), batch, table["measured_step_time_s"].to_numpy())
+    r = fit(
+        parse_free(None, rows[0].hardware.constants),
+        batch,
+        table["measured_step_time_s"].to_numpy(),
+    )
     return batch, r
 
 
@@ -46,14 +57,24 @@ def test_the_transcribed_table_is_consistent(table):
     # the image has three redundant columns: they catch a mistyped cell
     g = table["num_gpus"].to_numpy(float)
     x = table["tflops_per_gpu"].to_numpy(float)
-    assert np.allclose(x * g / 1000, table["aggregate_pflops"], rtol=0.01)  # aggregate = per GPU × GPUs
-    assert np.allclose(x / 312, table["percent_of_peak"] / 100, atol=0.006)  # A100 fp16 peak 312 TFLOP/s
+    assert np.allclose(
+        x * g / 1000, table["aggregate_pflops"], rtol=0.01
+    )  # aggregate = per GPU × GPUs
+    assert np.allclose(
+        x / 312, table["percent_of_peak"] / 100, atol=0.006
+    )  # A100 fp16 peak 312 TFLOP/s
     assert (table["model_parallel_size"] == table["tp"] * table["pp"]).all()
-    assert (table["tp"] <= 8).all() and (table["dp"] * table["tp"] * table["pp"] == table["num_gpus"]).all()
+    assert (table["tp"] <= 8).all() and (
+        table["dp"] * table["tp"] * table["pp"] == table["num_gpus"]
+    ).all()
     # the iteration time is the published throughput through eq. 3
-    f = _eq3_flops(table["global_batch_size"].to_numpy(float), table["seq_len"].to_numpy(float),
-                   table["num_layers"].to_numpy(float), table["hidden_size"].to_numpy(float),
-                   table["vocab_size"].to_numpy(float))
+    f = _eq3_flops(
+        table["global_batch_size"].to_numpy(float),
+        table["seq_len"].to_numpy(float),
+        table["num_layers"].to_numpy(float),
+        table["hidden_size"].to_numpy(float),
+        table["vocab_size"].to_numpy(float),
+    )
     assert np.allclose(f / (g * x * 1e12), table["measured_step_time_s"], rtol=1e-4)
     # the image's parameter counts (in billions, one decimal) follow from the dimensions by the
     # paper's count 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h))
@@ -62,7 +83,9 @@ def test_the_transcribed_table_is_consistent(table):
     assert (np.round(params / 1e9, 1) == table["params_billion"]).all()
     # as in Megatron-LM 2021: no overlap of the DP reduction, no sequence parallelism
     rows = resolve_rows(table)
-    assert all(rc.knobs["dp_overlap"] is False and rc.knobs["sequence_parallel"] is False for rc in rows)
+    assert all(
+        rc.knobs["dp_overlap"] is False and rc.knobs["sequence_parallel"] is False for rc in rows
+    )
 
 
 def test_fit_on_table1_beats_the_preset_held_out(fitted, table):
@@ -84,16 +107,32 @@ def test_gpt3_175b_on_1024_gpus_predicted_from_table1(fitted):
     prediction for a strategy the paper did not measure, and the test does not claim 15% for it.
     """
     _, r = fitted
-    paper = make_strategy(dp=8, tp=8, pp=16, micro_batch_size=1, num_microbatches=192, schedule="1f1b",
-                          zero_stage=0, recompute="full", sequence_parallel=False, dp_overlap=False,
-                          gpus_per_node=8)
+    paper = make_strategy(
+        dp=8,
+        tp=8,
+        pp=16,
+        micro_batch_size=1,
+        num_microbatches=192,
+        schedule="1f1b",
+        zero_stage=0,
+        recompute="full",
+        sequence_parallel=False,
+        dp_overlap=False,
+        gpus_per_node=8,
+    )
     flops = float(gpt_training_flops(GPT3.spec, 1536, 1.0))
     t = float(step_time(GPT3.spec, A100.spec, r.constants, paper).step_time_s)
     assert flops / t / 1024 / 1e12 == pytest.approx(140.0, rel=0.10)
     s = GPT3.spec
-    g = enumerate_strategies(num_layers=int(s.num_layers), num_heads=int(s.num_heads),
-                             num_kv_heads=int(s.num_kv_heads), num_gpus=1024, global_batch=1536,
-                             gpus_per_node=8, recompute=["full"])
+    g = enumerate_strategies(
+        num_layers=int(s.num_layers),
+        num_heads=int(s.num_heads),
+        num_kv_heads=int(s.num_kv_heads),
+        num_gpus=1024,
+        global_batch=1536,
+        gpus_per_node=8,
+        recompute=["full"],
+    )
     best = srch.search(GPT3.spec, A100.spec, r.constants, g, k=1).top.iloc[0]
     assert best["tp"] <= 8 and best["pp"] > 1
     assert best["step_time_s"] <= t  # the paper's strategy is in the grid
@@ -116,6 +155,11 @@ def test_korthikanti_2022_gpt3_175b_predicted_from_table1(fitted):
     measured = float(k.loc[i[0], "measured_step_time_s"])
     pred = float(np.asarray(predicted_step_time_s(build_batch([row]), r.constants))[0])
     assert pred == pytest.approx(measured, rel=0.03)  # measured: +0.7%
-    tflops = float(gpt_training_flops(GPT3.spec, row.knobs["global_batch_size"], 1.0)) / 64 / measured / 1e12
+    tflops = (
+        float(gpt_training_flops(GPT3.spec, row.knobs["global_batch_size"], 1.0))
+        / 64
+        / measured
+        / 1e12
+    )
     assert row.knobs["num_gpus"] == 64 and row.knobs["tp"] == 8
     assert tflops > 140.0 * 1.15, tflops

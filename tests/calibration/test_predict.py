@@ -15,14 +15,34 @@ def _rows(recs):
 
 
 def test_full_rows_equal_step_time_and_blank_micro_batch_is_searched():
-    recs = [dict(model="gpt3-1.3b", hardware="a100-80gb", num_gpus=8, tp=2, pp=1, micro_batch_size=4,
-                 global_batch_size=64, dtype="bf16"),
-            dict(model="gpt3-1.3b", hardware="a100-80gb", num_gpus=8, tp=2, pp=1, micro_batch_size=None,
-                 global_batch_size=64, dtype="bf16")]
+    recs = [
+        dict(
+            model="gpt3-1.3b",
+            hardware="a100-80gb",
+            num_gpus=8,
+            tp=2,
+            pp=1,
+            micro_batch_size=4,
+            global_batch_size=64,
+            dtype="bf16",
+        ),
+        dict(
+            model="gpt3-1.3b",
+            hardware="a100-80gb",
+            num_gpus=8,
+            tp=2,
+            pp=1,
+            micro_batch_size=None,
+            global_batch_size=64,
+            dtype="bf16",
+        ),
+    ]
     df, rows = _rows(recs)
     out = predict_table(df, rows, {"a100-80gb": rows[0].hardware.constants})
     c = rows[0].hardware.constants
-    direct = float(step_time(rows[0].model.spec, rows[0].hardware.spec, c, row_strategy(rows[0])).step_time_s)
+    direct = float(
+        step_time(rows[0].model.spec, rows[0].hardware.spec, c, row_strategy(rows[0])).step_time_s
+    )
     assert np.isclose(out["predicted_step_time_s"][0], direct, rtol=1e-5)
     assert np.isclose(out["predicted_throughput_samples_per_s"][0], 64 / direct, rtol=1e-5)
     chosen = int(out["chosen_micro_batch_size"][1])
@@ -37,8 +57,19 @@ def test_full_rows_equal_step_time_and_blank_micro_batch_is_searched():
 
 
 def test_blank_recompute_prefers_what_fits_memory():
-    recs = [dict(model="gpt3-13b", hardware="a100-40gb", num_gpus=8, tp=8, pp=1, micro_batch_size=8,
-                 global_batch_size=64, recompute=None, dtype="bf16")]
+    recs = [
+        dict(
+            model="gpt3-13b",
+            hardware="a100-40gb",
+            num_gpus=8,
+            tp=8,
+            pp=1,
+            micro_batch_size=8,
+            global_batch_size=64,
+            recompute=None,
+            dtype="bf16",
+        )
+    ]
     df, rows = _rows(recs)
     out = predict_table(df, rows, {"a100-40gb": rows[0].hardware.constants})
     assert out["chosen_recompute"][0] in ("none", "selective", "full")

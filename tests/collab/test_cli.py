@@ -14,7 +14,12 @@ from aisim.app import app
 
 runner = CliRunner()
 SEED = Path(__file__).resolve().parents[1] / "data" / "seed_collab_mlp_2clients.csv"
-SHARES = ("compute_utilization_pct", "communication_share_pct", "serialization_share_pct", "other_share_pct")
+SHARES = (
+    "compute_utilization_pct",
+    "communication_share_pct",
+    "serialization_share_pct",
+    "other_share_pct",
+)
 
 
 def run(*args):
@@ -48,13 +53,30 @@ def test_rounds_multiply_the_round_time():
 
 def test_sweep_out_and_plot(tmp_path):
     out, png = tmp_path / "shares.csv", tmp_path / "shares.png"
-    r = run("sweep", "--sizes", "10M,100M", "--client-hardware", "a100-80gb,h100-sxm", "--wan-up", "100Mbps",
-            "--wan-down", "1Gbps", "--out", str(out), "--plot", str(png))
+    r = run(
+        "sweep",
+        "--sizes",
+        "10M,100M",
+        "--client-hardware",
+        "a100-80gb,h100-sxm",
+        "--wan-up",
+        "100Mbps",
+        "--wan-down",
+        "1Gbps",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out)
-    assert len(df) == 2 and {"client2_wait_s", "client1_upload_s", "client1_download_s"} <= set(df.columns)
+    assert len(df) == 2 and {"client2_wait_s", "client1_upload_s", "client1_download_s"} <= set(
+        df.columns
+    )
     # asymmetric link: 100 Mbit/s up takes 10x the 1 Gbit/s download (less the latency)
-    assert df.client1_upload_s.iloc[1] - 0.02 == pytest.approx(10 * (df.client1_download_s.iloc[1] - 0.02), rel=1e-3)
+    assert df.client1_upload_s.iloc[1] - 0.02 == pytest.approx(
+        10 * (df.client1_download_s.iloc[1] - 0.02), rel=1e-3
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -66,10 +88,14 @@ def test_measure_serde_writes_a_profile_that_sweep_reads(tmp_path):
     written = json.loads(prof.read_text())
     assert written["schema"] == "aisim.profile/1" and written["collab"]["serde"] == doc["serde"]
     thr = doc["serde"]["pickle"]
-    row = _json("sweep", "--sizes", "10M", "--profile", str(prof), "--serde-format", "pickle")["rows"][0]
+    row = _json("sweep", "--sizes", "10M", "--profile", str(prof), "--serde-format", "pickle")[
+        "rows"
+    ][0]
     nbytes = 4.0 * row["params"]
     expected = nbytes / thr["serialize_bytes_per_s"] + nbytes / thr["deserialize_bytes_per_s"]
-    assert row["client1_serialize_s"] + row["client1_deserialize_s"] == pytest.approx(expected, rel=1e-4)
+    assert row["client1_serialize_s"] + row["client1_deserialize_s"] == pytest.approx(
+        expected, rel=1e-4
+    )
 
 
 def test_fit_json_profile_and_sweep_with_it(tmp_path):
@@ -81,25 +107,36 @@ def test_fit_json_profile_and_sweep_with_it(tmp_path):
     sweep = {r["model_params"]: r for r in _json("sweep", "--profile", str(prof))["rows"]}
     for i in (1, 2):
         for s in SHARES:
-            assert sweep["40M"][f"client{i}_{s}"] == pytest.approx(predicted["40M"][f"client{i}_{s}"], abs=1e-3)
+            assert sweep["40M"][f"client{i}_{s}"] == pytest.approx(
+                predicted["40M"][f"client{i}_{s}"], abs=1e-3
+            )
     # a 10x faster WAN under the fitted constants lowers every communication share
-    fast = {r["model_params"]: r for r in _json("sweep", "--profile", str(prof), "--wan-bandwidth", "10Gbps")["rows"]}
-    assert all(fast[k]["client2_communication_share_pct"] < sweep[k]["client2_communication_share_pct"] for k in fast)
+    fast = {
+        r["model_params"]: r
+        for r in _json("sweep", "--profile", str(prof), "--wan-bandwidth", "10Gbps")["rows"]
+    }
+    assert all(
+        fast[k]["client2_communication_share_pct"] < sweep[k]["client2_communication_share_pct"]
+        for k in fast
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["sweep", "--client-hardware", "a100"], "unknown hardware preset 'a100'"),
-    (["sweep", "--wan-bandwidth", "0Gbps"], "'--wan-bandwidth' = '0Gbps'"),
-    (["sweep", "--wan-bandwidth", "-1Gbps"], "'--wan-bandwidth' = '-1Gbps'"),
-    (["sweep", "--wan-up", "0"], "'--wan-up' = '0'"),
-    (["sweep", "--sizes", "10Q"], "'--sizes' = '10Q'"),
-    (["sweep", "--mode", "gossip"], "'--mode' = 'gossip'"),
-    (["sweep", "--clients", "3", "--devices", "1,2"], "'devices' has 2 values"),
-    (["sweep", "--out", "x.txt"], "--out x.txt"),
-    (["measure-serde", "--params", "10Q"], "'--params' = '10Q'"),
-    (["measure-serde", "--formats", "json"], "'--formats' = 'json'"),
-    (["fit", "missing.csv"], "missing.csv: file not found"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["sweep", "--client-hardware", "a100"], "unknown hardware preset 'a100'"),
+        (["sweep", "--wan-bandwidth", "0Gbps"], "'--wan-bandwidth' = '0Gbps'"),
+        (["sweep", "--wan-bandwidth", "-1Gbps"], "'--wan-bandwidth' = '-1Gbps'"),
+        (["sweep", "--wan-up", "0"], "'--wan-up' = '0'"),
+        (["sweep", "--sizes", "10Q"], "'--sizes' = '10Q'"),
+        (["sweep", "--mode", "gossip"], "'--mode' = 'gossip'"),
+        (["sweep", "--clients", "3", "--devices", "1,2"], "'devices' has 2 values"),
+        (["sweep", "--out", "x.txt"], "--out x.txt"),
+        (["measure-serde", "--params", "10Q"], "'--params' = '10Q'"),
+        (["measure-serde", "--formats", "json"], "'--formats' = 'json'"),
+        (["fit", "missing.csv"], "missing.csv: file not found"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run(*args)
     assert r.exit_code == 2, r.output
@@ -114,4 +151,3 @@ def test_fit_bad_size_in_the_table_names_file_and_row(tmp_path):
     assert r.exit_code == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "bad.csv: row 2: field 'model_params' = '20Q'" in lines[0]
-

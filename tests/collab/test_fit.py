@@ -12,14 +12,17 @@ import pytest
 
 from calibration.collab_fit import fit_collab, load_collab_table
 from perfmodel import collab, load_hardware
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 SEED = Path(__file__).resolve().parents[1] / "data" / "seed_collab_mlp_2clients.csv"
 A100 = load_hardware("a100-80gb")
 CPU = load_hardware("cpu-host")
 SCENARIO = collab.Scenario(hardware=(A100, A100), aggregator=CPU)
-COLS = [f"client{i}_{c}" for c in ("compute_utilization_pct", "communication_share_pct",
-                                   "serialization_share_pct") for i in (1, 2)]
+COLS = [
+    f"client{i}_{c}"
+    for c in ("compute_utilization_pct", "communication_share_pct", "serialization_share_pct")
+    for i in (1, 2)
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +68,27 @@ def test_total_times_are_inconsistent_with_one_round_count(seed_fit):
     implied = fit.rows.set_index("model_params")["implied_rounds"]
     steady = implied[["10M", "20M", "100M"]]
     assert steady.max() / steady.min() < 1.3  # these three agree on a round count ...
-    assert implied["60M"] > 5 * steady.max() and implied["80M"] > 25 * steady.max()  # ... these do not
+    assert (
+        implied["60M"] > 5 * steady.max() and implied["80M"] > 25 * steady.max()
+    )  # ... these do not
 
 
 def test_fit_recovers_shares_of_known_constants():
-    truth = collab.Scenario(hardware=(A100, A100), aggregator=CPU, overhead_s=(12.0, 6.0),
-                            aggregation_time_factor=8.0, up_bytes_per_s=(6e7,), local_samples=(60000, 30000))
+    truth = collab.Scenario(
+        hardware=(A100, A100),
+        aggregator=CPU,
+        overhead_s=(12.0, 6.0),
+        aggregation_time_factor=8.0,
+        up_bytes_per_s=(6e7,),
+        local_samples=(60000, 30000),
+    )
     sizes = ["10M", "20M", "60M", "80M", "100M"]
     df = collab.sweep_frame(truth, sizes)
     path = Path(__import__("tempfile").mkdtemp()) / "synthetic.csv"
     df[["model_params", *COLS]].to_csv(path, index=False)
-    start = collab.Scenario(hardware=(A100, A100), aggregator=CPU, up_bytes_per_s=(6e7,),
-                            local_samples=(60000, 30000))
+    start = collab.Scenario(
+        hardware=(A100, A100), aggregator=CPU, up_bytes_per_s=(6e7,), local_samples=(60000, 30000)
+    )
     fit = fit_collab(load_collab_table(path), start)
     assert fit.rms_error_pp < 0.3
 

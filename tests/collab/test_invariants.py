@@ -16,8 +16,12 @@ A100 = load_hardware("a100-80gb")
 CPU = load_hardware("cpu-host")
 SITES = 3
 AGG = collab.make_aggregator(CPU)
-SETUPS = [collab.make_setup("fedavg", "server"), collab.make_setup("fedavg", "ring"),
-          collab.make_setup("data-parallel", "server", "fp16"), collab.make_setup("pipeline")]
+SETUPS = [
+    collab.make_setup("fedavg", "server"),
+    collab.make_setup("fedavg", "ring"),
+    collab.make_setup("data-parallel", "server", "fp16"),
+    collab.make_setup("pipeline"),
+]
 SIZES = st.sampled_from(["2M", "10M", "40M", "100M", "300M"])
 RATES = st.lists(st.floats(1e7, 1e10), min_size=SITES, max_size=SITES)
 STEPS = st.lists(st.integers(1, 500), min_size=SITES, max_size=SITES)
@@ -25,8 +29,14 @@ SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
 
 def _sites(up, down, steps):
-    return collab.stack([collab.make_site(A100, local_steps=k, up_bytes_per_s=u, down_bytes_per_s=d,
-                                          micro_batch_size=32) for u, d, k in zip(up, down, steps, strict=True)])
+    return collab.stack(
+        [
+            collab.make_site(
+                A100, local_steps=k, up_bytes_per_s=u, down_bytes_per_s=d, micro_batch_size=32
+            )
+            for u, d, k in zip(up, down, steps, strict=True)
+        ]
+    )
 
 
 def _round(size, sites, setup):
@@ -37,15 +47,32 @@ def _round(size, sites, setup):
 @given(SIZES, RATES, RATES, STEPS, st.sampled_from(range(len(SETUPS))))
 def test_shares_add_up_to_100(size, up, down, steps, k):
     tl = _round(size, _sites(up, down, steps), SETUPS[k])
-    total = tl.compute_share_pct + tl.communication_share_pct + tl.serialization_share_pct + tl.other_share_pct
+    total = (
+        tl.compute_share_pct
+        + tl.communication_share_pct
+        + tl.serialization_share_pct
+        + tl.other_share_pct
+    )
     np.testing.assert_allclose(np.asarray(total), 100.0, atol=1e-3)
-    for term in ("compute_share_pct", "communication_share_pct", "serialization_share_pct", "other_share_pct"):
+    for term in (
+        "compute_share_pct",
+        "communication_share_pct",
+        "serialization_share_pct",
+        "other_share_pct",
+    ):
         assert np.all(np.asarray(getattr(tl, term)) >= -1e-3), term
 
 
 @SETTINGS
-@given(SIZES, RATES, RATES, STEPS, st.sampled_from(range(len(SETUPS))), st.integers(0, SITES - 1),
-       st.floats(1.01, 100.0))
+@given(
+    SIZES,
+    RATES,
+    RATES,
+    STEPS,
+    st.sampled_from(range(len(SETUPS))),
+    st.integers(0, SITES - 1),
+    st.floats(1.01, 100.0),
+)
 def test_a_faster_link_never_raises_the_communication_share(size, up, down, steps, k, site, factor):
     before = _round(size, _sites(up, down, steps), SETUPS[k])
     up2, down2 = list(up), list(down)
@@ -53,7 +80,10 @@ def test_a_faster_link_never_raises_the_communication_share(size, up, down, step
     down2[site] *= factor
     after = _round(size, _sites(up2, down2, steps), SETUPS[k])
     assert float(after.round_s[0]) <= float(before.round_s[0]) * (1 + 1e-5)
-    assert np.all(np.asarray(after.communication_share_pct) <= np.asarray(before.communication_share_pct) + 1e-3)
+    assert np.all(
+        np.asarray(after.communication_share_pct)
+        <= np.asarray(before.communication_share_pct) + 1e-3
+    )
 
 
 @SETTINGS
@@ -65,7 +95,10 @@ def test_doubling_the_slowest_link_helps_most(size, rates, steps, k):
     for i in range(SITES):
         r = list(rates)
         r[i] *= 2.0
-        gains.append(float(base.round_s[0]) - float(_round(size, _sites(r, r, [steps] * SITES), SETUPS[k]).round_s[0]))
+        gains.append(
+            float(base.round_s[0])
+            - float(_round(size, _sites(r, r, [steps] * SITES), SETUPS[k]).round_s[0])
+        )
     assert gains[slowest] >= max(gains) - 1e-5 * float(base.round_s[0])
     assert gains[slowest] >= -1e-5 * float(base.round_s[0])
 
@@ -73,7 +106,10 @@ def test_doubling_the_slowest_link_helps_most(size, rates, steps, k):
 def test_doubling_helps_when_the_link_is_the_bottleneck():
     """The property above is not vacuous: doubling a 10 Mbit/s link of one site shortens the round."""
     sites = _sites([1.25e6, 1.25e9, 1.25e9], [1.25e6, 1.25e9, 1.25e9], [10] * SITES)
-    fast = dataclasses.replace(sites, up_bytes_per_s=sites.up_bytes_per_s.at[0].mul(2.0),
-                               down_bytes_per_s=sites.down_bytes_per_s.at[0].mul(2.0))
+    fast = dataclasses.replace(
+        sites,
+        up_bytes_per_s=sites.up_bytes_per_s.at[0].mul(2.0),
+        down_bytes_per_s=sites.down_bytes_per_s.at[0].mul(2.0),
+    )
     a, b = _round("10M", sites, SETUPS[0]), _round("10M", fast, SETUPS[0])
     assert float(b.round_s[0]) < 0.6 * float(a.round_s[0])

@@ -30,12 +30,27 @@ def test_server_round_matches_hand_computation():
     tl = collab.round_timeline(m, sites, agg, collab.make_setup())
     n = float(m.num_layers * m.hidden_size**2)  # bias-free square MLP
     nbytes = 4.0 * n
-    step = [float(collab.local_step_s(m, jax.tree.map(lambda x, i=i: x[i], sites))) for i in range(2)]
+    step = [
+        float(collab.local_step_s(m, jax.tree.map(lambda x, i=i: x[i], sites))) for i in range(2)
+    ]
     eff, lat = 0.9, 0.02  # the a100-80gb preset's wan tier
     ser, deser = collab.SERDE_DEFAULT_BYTES_PER_S["msgpack"]
     arrival = [
-        lat + nbytes / (1.25e8 * eff) + nbytes / deser + 100 * step[0] + 2.0 + nbytes / ser + lat + nbytes / (1.25e8 * eff),
-        lat + nbytes / (5e8 * eff) + nbytes / deser + 50 * step[1] + nbytes / ser + lat + nbytes / (2.5e8 * eff),
+        lat
+        + nbytes / (1.25e8 * eff)
+        + nbytes / deser
+        + 100 * step[0]
+        + 2.0
+        + nbytes / ser
+        + lat
+        + nbytes / (1.25e8 * eff),
+        lat
+        + nbytes / (5e8 * eff)
+        + nbytes / deser
+        + 50 * step[1]
+        + nbytes / ser
+        + lat
+        + nbytes / (2.5e8 * eff),
     ]
     assert float(tl.params) == pytest.approx(n)
     assert np.asarray(tl.compute_s) == pytest.approx([100 * step[0] + 2.0, 50 * step[1]], rel=1e-5)
@@ -45,7 +60,12 @@ def test_server_round_matches_hand_computation():
     # the slow site waits for nobody, the fast one for the difference
     assert float(tl.wait_s[0]) == pytest.approx(0.0, abs=1e-4)
     assert float(tl.wait_s[1]) == pytest.approx(arrival[0] - arrival[1], rel=1e-4)
-    total = tl.compute_share_pct + tl.communication_share_pct + tl.serialization_share_pct + tl.other_share_pct
+    total = (
+        tl.compute_share_pct
+        + tl.communication_share_pct
+        + tl.serialization_share_pct
+        + tl.other_share_pct
+    )
     np.testing.assert_allclose(np.asarray(total), 100.0, atol=1e-3)
 
 
@@ -54,14 +74,18 @@ def test_step_time_is_perfmodels_with_dp_over_the_sites_devices():
     site = collab.make_site(A100, devices=8, micro_batch_size=32)
     from perfmodel import make_strategy
 
-    ref = step_time(m, A100.spec, A100.constants, make_strategy(dp=8, micro_batch_size=32, dtype="fp32"))
+    ref = step_time(
+        m, A100.spec, A100.constants, make_strategy(dp=8, micro_batch_size=32, dtype="fp32")
+    )
     assert float(collab.local_step_s(m, site)) == pytest.approx(float(ref.step_time_s), rel=1e-6)
 
 
 def test_ring_all_reduce_is_bounded_by_the_slowest_link():
     m = mlp_from_params("10M").spec
     sites = _sites()
-    tl = collab.round_timeline(m, sites, collab.make_aggregator(CPU), collab.make_setup(topology="ring"))
+    tl = collab.round_timeline(
+        m, sites, collab.make_aggregator(CPU), collab.make_setup(topology="ring")
+    )
     nbytes = 4.0 * float(m.num_layers * m.hidden_size**2)
     ring = float(all_reduce_s(2, nbytes, 0.02, 1.25e8 * 0.9))
     assert float(tl.upload_s[0] + tl.download_s[0]) == pytest.approx(ring, rel=1e-5)
@@ -72,25 +96,44 @@ def test_compression_shrinks_the_payload(compression, ratio):
     m = mlp_from_params("10M").spec
     args = (m, _sites(), collab.make_aggregator(CPU))
     base = collab.round_timeline(*args, collab.make_setup("data-parallel"))
-    comp = collab.round_timeline(*args, collab.make_setup("data-parallel", compression=compression, topk_fraction=0.01))
+    comp = collab.round_timeline(
+        *args, collab.make_setup("data-parallel", compression=compression, topk_fraction=0.01)
+    )
     assert float(comp.upload_bytes) == pytest.approx(ratio * float(base.upload_bytes), rel=1e-6)
     assert float(comp.round_s) < float(base.round_s)
 
 
 def test_pipeline_uses_step_times_pipeline_with_the_wan_as_pp_tier():
     m = mlp_from_params("100M").spec
-    sites = collab.stack([collab.make_site(A100, devices=2, micro_batch_size=16, up_bytes_per_s=1.25e8)] * 2)
-    tl = collab.round_timeline(m, sites, collab.make_aggregator(CPU), collab.make_setup("pipeline", num_microbatches=8))
+    sites = collab.stack(
+        [collab.make_site(A100, devices=2, micro_batch_size=16, up_bytes_per_s=1.25e8)] * 2
+    )
+    tl = collab.round_timeline(
+        m, sites, collab.make_aggregator(CPU), collab.make_setup("pipeline", num_microbatches=8)
+    )
     from perfmodel import make_strategy
 
     wan_tier_hw = A100.replace_spec(link_bandwidth_bytes_per_s=[3e11, 1.25e8, 1.25e8])
-    c = dataclasses.replace(A100.constants, link_latency_s=np.asarray([3e-6, 0.02, 0.02], np.float32),
-                            link_bandwidth_efficiency=np.asarray([0.75, 0.9, 0.9], np.float32))
-    ref = step_time(m, wan_tier_hw.spec, c, make_strategy(dp=2, pp=2, micro_batch_size=16, num_microbatches=8,
-                                                          dtype="fp32", gpus_per_node=2))
+    c = dataclasses.replace(
+        A100.constants,
+        link_latency_s=np.asarray([3e-6, 0.02, 0.02], np.float32),
+        link_bandwidth_efficiency=np.asarray([0.75, 0.9, 0.9], np.float32),
+    )
+    ref = step_time(
+        m,
+        wan_tier_hw.spec,
+        c,
+        make_strategy(
+            dp=2, pp=2, micro_batch_size=16, num_microbatches=8, dtype="fp32", gpus_per_node=2
+        ),
+    )
     p2p = float(tl.upload_s[0] + tl.download_s[0])
-    assert p2p == pytest.approx(float(ref.pp_p2p_s), rel=1e-5) and p2p > 0.3  # 18 WAN messages of 20 ms
-    assert float(tl.round_s) == pytest.approx(float(ref.step_time_s + tl.serialization_s[0]), rel=1e-5)
+    assert (
+        p2p == pytest.approx(float(ref.pp_p2p_s), rel=1e-5) and p2p > 0.3
+    )  # 18 WAN messages of 20 ms
+    assert float(tl.round_s) == pytest.approx(
+        float(ref.step_time_s + tl.serialization_s[0]), rel=1e-5
+    )
     assert float(tl.wait_s[0]) == pytest.approx(float(ref.bubble_s), rel=1e-4)
 
 
@@ -100,7 +143,9 @@ def test_sweep_equals_one_by_one():
     many = collab.sweep(collab.size_models(sizes), sites, agg, setup)
     for i, s in enumerate(sizes):
         one = collab.round_timeline(mlp_from_params(s).spec, sites, agg, setup)
-        np.testing.assert_allclose(np.asarray(many.compute_share_pct[i]), np.asarray(one.compute_share_pct), rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(many.compute_share_pct[i]), np.asarray(one.compute_share_pct), rtol=1e-5
+        )
         assert float(many.round_s[i]) == pytest.approx(float(one.round_s), rel=1e-5)
 
 

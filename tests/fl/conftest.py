@@ -8,8 +8,16 @@ from fl.simulation import build
 
 def small_cfg(**kw) -> ExperimentConfig:
     base = dict(
-        dataset="digits", clients=40, clients_per_round=8, rounds=3, local_epochs=2,
-        batch_size=10, lr=0.05, partition="dirichlet", devices="server", checkpoint_every=2,
+        dataset="digits",
+        clients=40,
+        clients_per_round=8,
+        rounds=3,
+        local_epochs=2,
+        batch_size=10,
+        lr=0.05,
+        partition="dirichlet",
+        devices="server",
+        checkpoint_every=2,
     )
     base.update(kw)
     return ExperimentConfig(**base)

@@ -9,10 +9,35 @@ from typer.testing import CliRunner
 from aisim.app import app
 
 runner = CliRunner()
-SMALL = ["fl", "run", "--dataset", "digits", "--clients", "20", "--clients-per-round", "5",
-         "--rounds", "4", "--local-epochs", "1", "--lr", "0.05", "--devices", "server"]
-COLUMNS = ["round", "sim_time_s", "train_loss", "test_accuracy", "test_loss",
-           "clients_sampled", "clients_kept", "bytes_up", "bytes_down"]
+SMALL = [
+    "fl",
+    "run",
+    "--dataset",
+    "digits",
+    "--clients",
+    "20",
+    "--clients-per-round",
+    "5",
+    "--rounds",
+    "4",
+    "--local-epochs",
+    "1",
+    "--lr",
+    "0.05",
+    "--devices",
+    "server",
+]
+COLUMNS = [
+    "round",
+    "sim_time_s",
+    "train_loss",
+    "test_accuracy",
+    "test_loss",
+    "clients_sampled",
+    "clients_kept",
+    "bytes_up",
+    "bytes_down",
+]
 
 
 def test_run_writes_metrics_summary_plot_and_json(tmp_path):
@@ -20,8 +45,15 @@ def test_run_writes_metrics_summary_plot_and_json(tmp_path):
     res = runner.invoke(app, [*SMALL, "--out", str(out), "--json", "--plot"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
-    for key in ("final_test_accuracy", "best_test_accuracy", "final_train_loss", "rounds",
-                "sim_time_s", "wall_time_s", "client_updates_per_s"):
+    for key in (
+        "final_test_accuracy",
+        "best_test_accuracy",
+        "final_train_loss",
+        "rounds",
+        "sim_time_s",
+        "wall_time_s",
+        "client_updates_per_s",
+    ):
         assert key in summary
     assert summary["rounds"] == 4 and summary["sim_time_s"] > 0
     m = pd.read_csv(out / "metrics.csv")
@@ -32,8 +64,10 @@ def test_run_writes_metrics_summary_plot_and_json(tmp_path):
 
 def test_config_toml_and_command_line_override(tmp_path):
     cfg = tmp_path / "exp.toml"
-    cfg.write_text('dataset = "digits"\nclients = 20\nclients-per-round = 4\nrounds = 2\n'
-                   'lr = 0.05\ndevices = "server"\nalgorithm = "fedavgm"\nserver_lr = 0.5\n')
+    cfg.write_text(
+        'dataset = "digits"\nclients = 20\nclients-per-round = 4\nrounds = 2\n'
+        'lr = 0.05\ndevices = "server"\nalgorithm = "fedavgm"\nserver_lr = 0.5\n'
+    )
     res = runner.invoke(app, ["fl", "run", "--config", str(cfg), "--rounds", "3", "--json"])
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
@@ -55,8 +89,21 @@ def test_resume_continues_to_the_same_metrics(tmp_path):
 
 
 def test_divergence_exit_1_keeps_metrics(tmp_path):
-    res = runner.invoke(app, ["fl", "run", "--rounds", "20", "--lr", "1e36", "--devices",
-                              "server", "--out", str(tmp_path)])
+    res = runner.invoke(
+        app,
+        [
+            "fl",
+            "run",
+            "--rounds",
+            "20",
+            "--lr",
+            "1e36",
+            "--devices",
+            "server",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 1
     assert "diverged" in res.stderr and "Traceback" not in res.output
     assert len(pd.read_csv(tmp_path / "metrics.csv")) >= 1

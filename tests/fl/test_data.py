@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl import data, partition
-from perfmodel.errors import AisimError
+from simbase.errors import AisimError
 
 
 def _reference_synthetic(alpha, beta, num_user, seed):
@@ -67,7 +67,9 @@ def test_mnist_and_digits_splits():
 
 @settings(max_examples=20, deadline=None)
 @given(
-    n=st.integers(50, 400), k=st.integers(1, 20), seed=st.integers(0, 100),
+    n=st.integers(50, 400),
+    k=st.integers(1, 20),
+    seed=st.integers(0, 100),
     name=st.sampled_from(["iid", "dirichlet", "shards", "quantity"]),
 )
 def test_partitions_cover_every_row_once(n, k, seed, name):

@@ -27,7 +27,9 @@ def _loop_round(b, state):
     for i in range(b.spec.cohort):
         cid = int(plan.ids[i])
         task = lu.ClientTask(
-            start=b.inputs.starts[cid], n=plan.n[i], steps=plan.steps[i],
+            start=b.inputs.starts[cid],
+            n=plan.n[i],
+            steps=plan.steps[i],
             key=jax.random.fold_in(plan.train_key, cid),
             correction=jax.tree.map(jnp.zeros_like, g),
         )
@@ -60,11 +62,21 @@ def test_one_client_fedavg_one_epoch_is_centralised_sgd():
     model = make_model("mlp", (20,), 5, hidden=(16,))
     pop = from_lists([np.arange(n)])
     local = lu.LocalSpec(model.apply, optax.sgd(lr), bsz, n, 1)
-    spec = rnd.RoundSpec(local, make_algorithm("fedavg"), cohort=1, chunk=1,
-                         flops_per_sample=model.train_flops_per_sample, param_bytes=model.param_bytes)
+    spec = rnd.RoundSpec(
+        local,
+        make_algorithm("fedavg"),
+        cohort=1,
+        chunk=1,
+        flops_per_sample=model.train_flops_per_sample,
+        param_bytes=model.param_bytes,
+    )
     systems = draw_systems({"server": 1.0}, 1, rng)
-    inputs = rnd.RoundInputs(lu.LocalData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(pop.order)),
-                             jnp.asarray(pop.starts), jnp.asarray(pop.sizes), systems)
+    inputs = rnd.RoundInputs(
+        lu.LocalData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(pop.order)),
+        jnp.asarray(pop.starts),
+        jnp.asarray(pop.sizes),
+        systems,
+    )
     hyper = rnd.Hyper(*(jnp.float32(v) for v in (0, lr, 0, np.inf, 1, 1)), jnp.int32(2**30))
     params = model.init(jax.random.key(1))
     state = rnd.init_server_state(spec, params, 1, seed=5)
@@ -116,7 +128,9 @@ def test_fedavg_drops_stragglers_fedprox_keeps_them(cfg_factory):
 def test_deadline_cuts_clients_and_bounds_round_time(build_factory):
     def plan(alg, deadline_s):
         b = build_factory(algorithm=alg, local_epochs=5)
-        slow = dataclasses.replace(b.inputs.systems, flops_per_s=b.inputs.systems.flops_per_s * 1e-5)
+        slow = dataclasses.replace(
+            b.inputs.systems, flops_per_s=b.inputs.systems.flops_per_s * 1e-5
+        )
         inputs = dataclasses.replace(b.inputs, systems=slow)
         hyper = dataclasses.replace(b.hyper, deadline_s=jnp.float32(deadline_s))
         return rnd.plan_cohort(b.spec, b.init_state, inputs, hyper)
@@ -129,7 +143,9 @@ def test_deadline_cuts_clients_and_bounds_round_time(build_factory):
     assert float(prox.round_time_s) <= deadline * 1.0001
     assert 0 < int(avg.kept.sum()) < 8 and int(prox.kept.sum()) == 8
     # FedAvg keeps whole work or nothing; FedProx keeps the steps that fit.
-    assert np.all(np.asarray(avg.steps)[np.asarray(avg.kept)] == np.asarray(free.steps)[np.asarray(avg.kept)])
+    assert np.all(
+        np.asarray(avg.steps)[np.asarray(avg.kept)] == np.asarray(free.steps)[np.asarray(avg.kept)]
+    )
     assert int(prox.steps.sum()) < int(free.steps.sum())
 
 
@@ -144,7 +160,9 @@ def test_client_time_formula_by_hand():
 def test_scaffold_controls_average_over_the_population(build_factory):
     b = build_factory(algorithm="scaffold", clients=8, clients_per_round=8)
     new, _ = b.run_round(b.init_state, b.inputs, b.hyper)
-    for c, ci in zip(jax.tree.leaves(new.control), jax.tree.leaves(new.client_controls), strict=True):
+    for c, ci in zip(
+        jax.tree.leaves(new.control), jax.tree.leaves(new.client_controls), strict=True
+    ):
         assert ci.shape[0] == 8
         np.testing.assert_allclose(c, ci.mean(axis=0), rtol=1e-4, atol=1e-6)
         assert float(jnp.abs(ci).max()) > 0
@@ -213,8 +231,9 @@ def test_batch_rows_cover_each_epoch_once_and_stay_in_bounds(n):
     # masked slots (past the client's n rows, n < batch size included) stay on the client's rows.
     spec = lu.LocalSpec(apply=None, client_opt=None, batch_size=10, max_samples=n, max_epochs=2)
     key, start = jax.random.key(7), 100
-    task = lu.ClientTask(start=jnp.int32(start), n=jnp.int32(n), steps=jnp.int32(0), key=key,
-                         correction=None)
+    task = lu.ClientTask(
+        start=jnp.int32(start), n=jnp.int32(n), steps=jnp.int32(0), key=key, correction=None
+    )
     table = lu.shuffle_table(lu.shuffle_keys(key, 2), task.n)
     ref = np.asarray(lu.epoch_permutations(key, n, n, 2))
     per_epoch = -(-n // 10)
@@ -234,7 +253,9 @@ def test_shuffle_positions_are_close_to_uniform():
     # Where row 0 of a 10-row client lands, over 4000 keys: every position about 400 times.
     n, trials = 10, 4000
     keys = jax.random.split(jax.random.key(0), trials)
-    first = jax.vmap(lambda k: lu.permute(lu.shuffle_keys(k, 1)[0], n, jnp.zeros((), jnp.int32)))(keys)
+    first = jax.vmap(lambda k: lu.permute(lu.shuffle_keys(k, 1)[0], n, jnp.zeros((), jnp.int32)))(
+        keys
+    )
     counts = np.bincount(np.asarray(first), minlength=n)
     chi2 = float(((counts - trials / n) ** 2 / (trials / n)).sum())
     assert chi2 < 30.0, counts  # 9 degrees of freedom: p ~ 4e-4

@@ -12,14 +12,24 @@ from fl.centralised import train_centralised
 from fl.config import ExperimentConfig
 from fl.simulation import build, simulate
 
-FEDPROX = dict(dataset="synthetic", alpha=1.0, beta=1.0, clients=30, clients_per_round=10,
-               local_epochs=20, batch_size=10, lr=0.01, devices="server")
+FEDPROX = dict(
+    dataset="synthetic",
+    alpha=1.0,
+    beta=1.0,
+    clients=30,
+    clients_per_round=10,
+    local_epochs=20,
+    batch_size=10,
+    lr=0.01,
+    devices="server",
+)
 
 
 def test_fedprox_stragglers_synthetic_1_1():
     avg = simulate(ExperimentConfig(**FEDPROX, rounds=20, algorithm="fedavg", stragglers=0.9))
-    prox = simulate(ExperimentConfig(**FEDPROX, rounds=20, algorithm="fedprox", mu=1.0,
-                                     stragglers=0.9))
+    prox = simulate(
+        ExperimentConfig(**FEDPROX, rounds=20, algorithm="fedprox", mu=1.0, stragglers=0.9)
+    )
     a, p = avg.metrics["train_loss"].to_numpy(), prox.metrics["train_loss"].to_numpy()
     # FedAvg: the loss climbs above where it started and ends far above FedProx's.
     assert a.max() > 1.2 * a[0] and (a[-1] > a[0] or not np.isfinite(a[-1]))
@@ -37,9 +47,21 @@ def test_fedprox_mu_slows_iid():
 
 
 def test_digits_dirichlet_fedavg_mlp_reaches_95():
-    r = simulate(ExperimentConfig(dataset="digits", partition="dirichlet", dirichlet_alpha=0.5,
-                                  clients=100, clients_per_round=10, rounds=200, local_epochs=5,
-                                  batch_size=10, lr=0.1, devices="server", eval_every=10))
+    r = simulate(
+        ExperimentConfig(
+            dataset="digits",
+            partition="dirichlet",
+            dirichlet_alpha=0.5,
+            clients=100,
+            clients_per_round=10,
+            rounds=200,
+            local_epochs=5,
+            batch_size=10,
+            lr=0.1,
+            devices="server",
+            eval_every=10,
+        )
+    )
     s = r.summary
     assert s["model"] == "mlp"
     assert s["time_to_accuracy"]["0.95"] is not None, s["best_test_accuracy"]
@@ -47,9 +69,18 @@ def test_digits_dirichlet_fedavg_mlp_reaches_95():
 
 
 def test_mnist5k_2nn_iid_reaches_90_and_centralised_baseline():
-    cfg = ExperimentConfig(dataset="mnist", partition="iid", clients=100, clients_per_round=10,
-                           rounds=40, local_epochs=5, batch_size=10, lr=0.1, devices="server",
-                           eval_every=5)
+    cfg = ExperimentConfig(
+        dataset="mnist",
+        partition="iid",
+        clients=100,
+        clients_per_round=10,
+        rounds=40,
+        local_epochs=5,
+        batch_size=10,
+        lr=0.1,
+        devices="server",
+        eval_every=5,
+    )
     s = simulate(cfg).summary
     assert s["model"] == "2nn" and s["num_params"] == 199_210
     hit = s["time_to_accuracy"]["0.9"]

@@ -19,8 +19,9 @@ def test_dense_dot_general_equals_lax_in_value_and_gradient(rows):
     def loss(dot):
         return lambda x, w: jnp.sum(dot(x, w, DN) * g)
 
-    np.testing.assert_allclose(dense_dot_general(x, w, DN), jax.lax.dot_general(x, w, DN),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        dense_dot_general(x, w, DN), jax.lax.dot_general(x, w, DN), rtol=1e-6
+    )
     got = jax.grad(loss(dense_dot_general), argnums=(0, 1))(x, w)
     want = jax.grad(loss(jax.lax.dot_general), argnums=(0, 1))(x, w)
     for a, b in zip(got, want, strict=True):

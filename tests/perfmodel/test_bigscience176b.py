@@ -25,8 +25,14 @@ from perfmodel.workload import with_overrides
 
 A100 = load_hardware("a100-80gb")
 BLOOM = with_overrides(
-    load_model("gpt3-175b"), num_layers=70, hidden_size=14336, num_heads=64, num_kv_heads=64,
-    ffn_hidden_size=4 * 14336, vocab_size=250880, learned_pos_emb=0,
+    load_model("gpt3-175b"),
+    num_layers=70,
+    hidden_size=14336,
+    num_heads=64,
+    num_kv_heads=64,
+    ffn_hidden_size=4 * 14336,
+    vocab_size=250880,
+    learned_pos_emb=0,
 )
 GPUS, GBS, MBS = 384, 2048, 2
 # (dp, tp, pp) -> (seconds per iteration, TFLOP/s per GPU), as published
@@ -34,8 +40,16 @@ MEASURED = {(4, 8, 12): (121.63, 128.92), (8, 4, 12): (102.03, 153.68)}
 
 
 def _predict(dp: int, tp: int, pp: int):
-    s = make_strategy(dp=dp, tp=tp, pp=pp, micro_batch_size=MBS, num_microbatches=GBS // (dp * MBS),
-                      zero_stage=1, recompute="full", dtype="bf16")
+    s = make_strategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_batch_size=MBS,
+        num_microbatches=GBS // (dp * MBS),
+        zero_stage=1,
+        recompute="full",
+        dtype="bf16",
+    )
     return step_time(BLOOM.spec, A100.spec, A100.constants, s)
 
 

@@ -44,28 +44,79 @@ def test_presets_lists_everything():
 
 
 def test_estimate_json_matches_library_and_has_required_keys():
-    r = run("perf", "estimate", "--model", "megatron-22B", "--hardware", "A100-80GB", "--gpus", "8",
-            "--tp", "8", "--pp", "1", "--global-batch", "4", "--micro-batch", "4",
-            "--recompute", "selective", "--sequence-parallel", "--json")
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "megatron-22B",
+        "--hardware",
+        "A100-80GB",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "4",
+        "--micro-batch",
+        "4",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    for key in ("step_time_s", "throughput_samples_per_s", "tokens_per_s", "mfu", "hfu",
-                "memory_per_device_bytes", "feasible", "breakdown"):
+    for key in (
+        "step_time_s",
+        "throughput_samples_per_s",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "memory_per_device_bytes",
+        "feasible",
+        "breakdown",
+    ):
         assert key in doc
     hw = load_hardware("a100-80gb")
-    s = make_strategy(tp=8, micro_batch_size=4, num_microbatches=1, recompute="selective", sequence_parallel=True)
+    s = make_strategy(
+        tp=8, micro_batch_size=4, num_microbatches=1, recompute="selective", sequence_parallel=True
+    )
     out = step_time(load_model("megatron-22b").spec, hw.spec, hw.constants, s)
     assert doc["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
     assert doc["throughput_samples_per_s"] == pytest.approx(4 / doc["step_time_s"], rel=1e-5)
-    assert sum(v for k, v in doc["breakdown"].items() if k != "step_time_s") == pytest.approx(doc["step_time_s"], rel=1e-5)
+    assert sum(v for k, v in doc["breakdown"].items() if k != "step_time_s") == pytest.approx(
+        doc["step_time_s"], rel=1e-5
+    )
     assert doc["fused_attention"] is False
     # --fused-attention reaches the model: the library's number, and the knob in the document
-    r = run("perf", "estimate", "--model", "megatron-22B", "--gpus", "8", "--tp", "8", "--pp", "1",
-            "--global-batch", "4", "--micro-batch", "4", "--recompute", "none", "--fused-attention", "--json")
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "megatron-22B",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "4",
+        "--micro-batch",
+        "4",
+        "--recompute",
+        "none",
+        "--fused-attention",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     fa = json.loads(r.output)
     assert fa["fused_attention"] is True
-    s = make_strategy(tp=8, micro_batch_size=4, num_microbatches=1, recompute="none", fused_attention=True)
+    s = make_strategy(
+        tp=8, micro_batch_size=4, num_microbatches=1, recompute="none", fused_attention=True
+    )
     out = step_time(load_model("megatron-22b").spec, hw.spec, hw.constants, s)
     assert fa["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
 
@@ -108,7 +159,19 @@ def test_user_hardware_file_is_used_and_validated(tmp_path):
     doc["memory_bandwidth_gb_per_s"] = 4078.0  # twice the A100's HBM bandwidth
     f = tmp_path / "fast.json"
     f.write_text(json.dumps(doc))
-    args = ["perf", "estimate", "--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--json"]
+    args = [
+        "perf",
+        "estimate",
+        "--model",
+        "gpt3-1.3b",
+        "--gpus",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--json",
+    ]
     base = json.loads(run(*args).output)["step_time_s"]
     fast = json.loads(run(*args, "--hardware-file", str(f)).output)["step_time_s"]
     assert fast < base
@@ -125,12 +188,31 @@ def test_user_hardware_file_is_used_and_validated(tmp_path):
 
 def test_user_model_file_is_validated(tmp_path):
     f = tmp_path / "m.json"
-    f.write_text(json.dumps({"kind": "transformer", "num_layers": 4, "hidden_size": -64, "num_heads": 4,
-                             "seq_len": 128, "vocab_size": 1000}))
+    f.write_text(
+        json.dumps(
+            {
+                "kind": "transformer",
+                "num_layers": 4,
+                "hidden_size": -64,
+                "num_heads": 4,
+                "seq_len": 128,
+                "vocab_size": 1000,
+            }
+        )
+    )
     r = run("perf", "estimate", "--model-file", str(f), "--gpus", "1", "--tp", "1", "--pp", "1")
     assert r.exit_code == 2 and "hidden_size" in r.output and "-64" in r.output
-    f.write_text(json.dumps({"kind": "transformer", "num_layers": 4, "hidden_size": 64, "num_heads": 4,
-                             "vocab_size": 1000}))
+    f.write_text(
+        json.dumps(
+            {
+                "kind": "transformer",
+                "num_layers": 4,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "vocab_size": 1000,
+            }
+        )
+    )
     r = run("perf", "estimate", "--model-file", str(f), "--gpus", "1", "--tp", "1", "--pp", "1")
     assert r.exit_code == 2 and "seq_len" in r.output
     f.write_text("{not json")
@@ -139,12 +221,59 @@ def test_user_model_file_is_validated(tmp_path):
 
 
 def test_custom_model_and_params_mlp():
-    r = run("perf", "estimate", "--model", "custom", "--layers", "4", "--hidden", "256", "--heads", "4",
-            "--seq-len", "128", "--vocab", "1000", "--gpus", "1", "--tp", "1", "--pp", "1", "--json")
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "custom",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--seq-len",
+        "128",
+        "--vocab",
+        "1000",
+        "--gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
-    r = run("perf", "estimate", "--model", "custom", "--layers", "4", "--gpus", "1", "--tp", "1", "--pp", "1")
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "custom",
+        "--layers",
+        "4",
+        "--gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+    )
     assert r.exit_code == 2 and "--hidden" in r.output
-    r = run("perf", "estimate", "--params", "60M", "--gpus", "2", "--tp", "1", "--pp", "1",
-            "--global-batch", "64", "--json")
+    r = run(
+        "perf",
+        "estimate",
+        "--params",
+        "60M",
+        "--gpus",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--global-batch",
+        "64",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["params"] == pytest.approx(60e6, rel=0.01)

@@ -52,10 +52,22 @@ def test_bubble_p4_m8_is_three_eighths_of_ideal():
     s = make_strategy(tp=1, pp=4, dp=1, num_microbatches=8, micro_batch_size=1, schedule="1f1b")
     out = STEP(m, A100.spec, A100.constants, s)
     # ideal = m · (stage compute + stage tp comm); bubble (p-1)/m of it = 3/8
-    assert float(out.bubble_s) / float(out.compute_s + out.tp_comm_s) == pytest.approx(3 / 8, rel=1e-5)
-    si = make_strategy(tp=1, pp=4, dp=1, num_microbatches=8, micro_batch_size=1, schedule="interleaved", interleave=2)
+    assert float(out.bubble_s) / float(out.compute_s + out.tp_comm_s) == pytest.approx(
+        3 / 8, rel=1e-5
+    )
+    si = make_strategy(
+        tp=1,
+        pp=4,
+        dp=1,
+        num_microbatches=8,
+        micro_batch_size=1,
+        schedule="interleaved",
+        interleave=2,
+    )
     outi = STEP(m, A100.spec, A100.constants, si)
-    assert float(outi.bubble_s) / float(outi.compute_s + outi.tp_comm_s) == pytest.approx(3 / 16, rel=1e-5)
+    assert float(outi.bubble_s) / float(outi.compute_s + outi.tp_comm_s) == pytest.approx(
+        3 / 16, rel=1e-5
+    )
 
 
 def test_activation_memory_one_layer_matches_korthikanti():
@@ -79,31 +91,59 @@ def test_fused_attention_by_hand():
     m = load_model("gpt3-175b").spec
     s_, b, h, a, t = 2048.0, 1.0, 12288.0, 96.0, 8.0
     fused = make_strategy(tp=8, micro_batch_size=1, recompute="none", fused_attention=True)
-    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(s_ * b * h * (10 + 24 / t), rel=1e-6)
+    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(
+        s_ * b * h * (10 + 24 / t), rel=1e-6
+    )
     sel = make_strategy(tp=8, micro_batch_size=1, recompute="selective")
-    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(float(activation_bytes_per_layer(m, sel)))
+    assert float(activation_bytes_per_layer(m, fused)) == pytest.approx(
+        float(activation_bytes_per_layer(m, sel))
+    )
     ops = layer_forward_ops(m, 1.0, t, 0.0, 2.0, 1.0)
     T = b * s_
     assert float(ops.attention.flops) == pytest.approx(4 * T * s_ * h / t, rel=1e-6)
-    assert float(ops.attention.bytes) == pytest.approx(2 * 4 * T * h / t, rel=1e-6)  # Q, K, V, O in 16 bits
-    assert float(ops.softmax.flops) == 0 and float(ops.softmax.bytes) == 0 and float(ops.softmax.kernels) == 0
+    assert float(ops.attention.bytes) == pytest.approx(
+        2 * 4 * T * h / t, rel=1e-6
+    )  # Q, K, V, O in 16 bits
+    assert (
+        float(ops.softmax.flops) == 0
+        and float(ops.softmax.bytes) == 0
+        and float(ops.softmax.kernels) == 0
+    )
     plain = layer_forward_ops(m, 1.0, t, 0.0, 2.0, 0.0)
-    assert float(plain.attention.bytes) == pytest.approx(2 * (4 * T * h / t + 2 * b * (a / t) * s_ * s_), rel=1e-6)
+    assert float(plain.attention.bytes) == pytest.approx(
+        2 * (4 * T * h / t + 2 * b * (a / t) * s_ * s_), rel=1e-6
+    )
     # selective recomputation has nothing left to redo: the same step as none
     knobs = dict(dp=16, tp=8, pp=8, num_microbatches=96, fused_attention=True)
     none_ = STEP(m, A100.spec, A100.constants, make_strategy(recompute="none", **knobs))
     selv = STEP(m, A100.spec, A100.constants, make_strategy(recompute="selective", **knobs))
     assert float(selv.step_time_s) == pytest.approx(float(none_.step_time_s), rel=1e-6)
     # hardware FLOPs: the unfused step's plus one Q·Kᵀ per layer per microbatch (the backward's redo)
-    unf = STEP(m, A100.spec, A100.constants, make_strategy(recompute="none", **dict(knobs, fused_attention=False)))
+    unf = STEP(
+        m,
+        A100.spec,
+        A100.constants,
+        make_strategy(recompute="none", **dict(knobs, fused_attention=False)),
+    )
     redo = 2 * T * s_ * h / t * 96 * t * 96 * 16  # layers · tp · microbatches · dp
-    soft = 5 * b * (a / t) * s_ * s_ * 3 * 96 * t * 96 * 16  # the unfused softmax FLOPs (fwd + 2 bwd)
-    flops = float(none_.hfu) * float(none_.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
-    flops_unf = float(unf.hfu) * float(unf.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
+    soft = (
+        5 * b * (a / t) * s_ * s_ * 3 * 96 * t * 96 * 16
+    )  # the unfused softmax FLOPs (fwd + 2 bwd)
+    flops = (
+        float(none_.hfu) * float(none_.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
+    )
+    flops_unf = (
+        float(unf.hfu) * float(unf.step_time_s) * 1024 * float(A100.spec.peak_flops_per_s[2])
+    )
     assert flops == pytest.approx(flops_unf + redo - soft, rel=1e-5)
     # no scores in memory at 2048 tokens: less memory, and faster than the unfused kernels
-    assert float(memory_per_device(m, make_strategy(recompute="none", **knobs)).total_bytes) < float(
-        memory_per_device(m, make_strategy(recompute="none", **dict(knobs, fused_attention=False))).total_bytes)
+    assert float(
+        memory_per_device(m, make_strategy(recompute="none", **knobs)).total_bytes
+    ) < float(
+        memory_per_device(
+            m, make_strategy(recompute="none", **dict(knobs, fused_attention=False))
+        ).total_bytes
+    )
     assert float(none_.step_time_s) < float(unf.step_time_s)
 
 
@@ -116,7 +156,9 @@ def test_model_states_16_bytes_per_param_and_zero_sharding():
     assert states == pytest.approx(16 * n, rel=1e-5)
     s3 = make_strategy(dp=8, zero_stage=3)
     mem3 = memory_per_device(m, s3)
-    assert float(mem3.weights_bytes + mem3.gradients_bytes + mem3.optimizer_bytes) == pytest.approx(2 * n, rel=1e-5)
+    assert float(mem3.weights_bytes + mem3.gradients_bytes + mem3.optimizer_bytes) == pytest.approx(
+        2 * n, rel=1e-5
+    )
     s1 = make_strategy(dp=8, zero_stage=1)
     mem1 = memory_per_device(m, s1)
     assert float(mem1.optimizer_bytes) == pytest.approx(12 * n / 8, rel=1e-5)
@@ -135,7 +177,9 @@ def test_preset_parameter_counts_match_published(name):
 def test_hardware_flops_match_narayanan_eq3():
     m = load_model("gpt3-175b").spec
     for recompute, full in (("none", 0.0), ("full", 1.0)):
-        s = make_strategy(tp=8, pp=8, dp=16, micro_batch_size=1, num_microbatches=96, recompute=recompute)
+        s = make_strategy(
+            tp=8, pp=8, dp=16, micro_batch_size=1, num_microbatches=96, recompute=recompute
+        )
         out = STEP(m, A100.spec, A100.constants, s)
         eq3 = float(gpt_training_flops(m, 1536.0, full))
         # aisim also counts the (tiny) elementwise FLOPs of norms and softmax
@@ -148,15 +192,26 @@ def _korthikanti_predictions():
     for r in df.itertuples():
         m = load_model(r.model).spec
         s = make_strategy(
-            dp=r.data_parallel, tp=r.tensor_parallel, pp=r.pipeline_parallel,
+            dp=r.data_parallel,
+            tp=r.tensor_parallel,
+            pp=r.pipeline_parallel,
             micro_batch_size=r.microbatch_size,
             num_microbatches=r.global_batch_size // (r.microbatch_size * r.data_parallel),
             interleave=r.pipeline_interleaving,
             schedule="interleaved" if r.pipeline_interleaving > 1 else "1f1b",
-            recompute=r.recompute_mode, sequence_parallel=r.sequence_parallel == "yes",
+            recompute=r.recompute_mode,
+            sequence_parallel=r.sequence_parallel == "yes",
         )
         out = STEP(m, A100.spec, A100.constants, s)
-        rows.append((r.model, r.recompute_mode, r.measured_iteration_time_s, float(out.step_time_s), bool(out.feasible)))
+        rows.append(
+            (
+                r.model,
+                r.recompute_mode,
+                r.measured_iteration_time_s,
+                float(out.step_time_s),
+                bool(out.feasible),
+            )
+        )
     return rows
 
 
@@ -170,7 +225,9 @@ def test_korthikanti_table5_golden_uncalibrated():
 
 def test_jit_equals_eager_and_gradients_are_finite():
     m = load_model("megatron-22b").spec
-    s = make_strategy(tp=8, micro_batch_size=4, num_microbatches=1, recompute="selective", sequence_parallel=True)
+    s = make_strategy(
+        tp=8, micro_batch_size=4, num_microbatches=1, recompute="selective", sequence_parallel=True
+    )
     eager = step_time(m, A100.spec, A100.constants, s)
     jitted = STEP(m, A100.spec, A100.constants, s)
     assert float(eager.step_time_s) == pytest.approx(float(jitted.step_time_s), rel=1e-6)
@@ -182,10 +239,15 @@ def test_jit_equals_eager_and_gradients_are_finite():
 
 strategies = st.builds(
     dict,
-    tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 8, 32]),
-    micro_batch_size=st.sampled_from([1, 2, 4]), num_microbatches=st.sampled_from([1, 4, 16]),
-    zero_stage=st.integers(0, 3), recompute=st.sampled_from(["none", "selective", "full"]),
-    sequence_parallel=st.booleans(), schedule=st.sampled_from(["gpipe", "1f1b"]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    dp=st.sampled_from([1, 2, 8, 32]),
+    micro_batch_size=st.sampled_from([1, 2, 4]),
+    num_microbatches=st.sampled_from([1, 4, 16]),
+    zero_stage=st.integers(0, 3),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    sequence_parallel=st.booleans(),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
     fused_attention=st.booleans(),
 )
 
@@ -199,9 +261,13 @@ def _t(hw_spec, consts, knobs, model="gpt3-2.7b"):
 def test_more_bandwidth_is_never_slower(knobs, factor, tier):
     base = _t(A100.spec, A100.constants, knobs)
     bw = A100.spec.link_bandwidth_bytes_per_s.at[tier].multiply(factor)
-    faster = _t(dataclasses.replace(A100.spec, link_bandwidth_bytes_per_s=bw), A100.constants, knobs)
+    faster = _t(
+        dataclasses.replace(A100.spec, link_bandwidth_bytes_per_s=bw), A100.constants, knobs
+    )
     assert float(faster.step_time_s) <= float(base.step_time_s) * (1 + 1e-6)
-    hbm = dataclasses.replace(A100.spec, memory_bandwidth_bytes_per_s=A100.spec.memory_bandwidth_bytes_per_s * factor)
+    hbm = dataclasses.replace(
+        A100.spec, memory_bandwidth_bytes_per_s=A100.spec.memory_bandwidth_bytes_per_s * factor
+    )
     assert float(_t(hbm, A100.constants, knobs).step_time_s) <= float(base.step_time_s) * (1 + 1e-6)
 
 
@@ -210,8 +276,12 @@ def test_more_bandwidth_is_never_slower(knobs, factor, tier):
 def test_more_flops_or_less_latency_is_never_slower(knobs, factor):
     base = _t(A100.spec, A100.constants, knobs)
     fast = dataclasses.replace(A100.spec, peak_flops_per_s=A100.spec.peak_flops_per_s * factor)
-    assert float(_t(fast, A100.constants, knobs).step_time_s) <= float(base.step_time_s) * (1 + 1e-6)
-    low_lat = dataclasses.replace(A100.constants, link_latency_s=A100.constants.link_latency_s / factor)
+    assert float(_t(fast, A100.constants, knobs).step_time_s) <= float(base.step_time_s) * (
+        1 + 1e-6
+    )
+    low_lat = dataclasses.replace(
+        A100.constants, link_latency_s=A100.constants.link_latency_s / factor
+    )
     assert float(_t(A100.spec, low_lat, knobs).step_time_s) <= float(base.step_time_s) * (1 + 1e-6)
 
 
@@ -264,7 +334,9 @@ def test_zero_data_parallel_traffic_by_hand():
     beta = float(A100.spec.link_bandwidth_bytes_per_s[0] * c.link_bandwidth_efficiency[0])
     out = {}
     for z in range(4):
-        s = make_strategy(dp=8, micro_batch_size=1, num_microbatches=4, zero_stage=z, dp_overlap=False)
+        s = make_strategy(
+            dp=8, micro_batch_size=1, num_microbatches=4, zero_stage=z, dp_overlap=False
+        )
         out[z] = STEP(m, A100.spec, c, s)
     n_bytes = 2.0 * float(stage_params(m, s))
     ring = 7 * alpha + 7 / 8 * n_bytes / beta  # one reduce-scatter or all-gather of 8 ranks

@@ -39,13 +39,19 @@ def _run(spec, **knobs):
 def test_defaults_are_distirs_constants():
     d = DISTIR_DEFAULTS
     assert (d["device_throughput_flops_per_s"], d["dram_bandwidth_bytes_per_s"]) == (1.4e13, 9.0e11)
-    assert (d["kernel_launch_overhead_s"], d["network_bandwidth_gbit_per_s"], d["bytes_per_gbit"]) == (1e-5, 25.0, 1.25e8)
+    assert (
+        d["kernel_launch_overhead_s"],
+        d["network_bandwidth_gbit_per_s"],
+        d["bytes_per_gbit"],
+    ) == (1e-5, 25.0, 1.25e8)
     assert all("dist_ir/" in v or "examples/" in v for v in d["sources"].values())
 
 
 def test_formula_hand_values():
     # MatMul 4x8 @ 8x16 in fp16: 10 us + 2·(32+128) B / 9e11 + 2·4·8·16 / 1.4e13
-    assert float(op_s(2 * 4 * 8 * 16, 2 * (32 + 128))) == pytest.approx(1e-5 + 320 / 9e11 + 1024 / 1.4e13, rel=1e-6)
+    assert float(op_s(2 * 4 * 8 * 16, 2 * (32 + 128))) == pytest.approx(
+        1e-5 + 320 / 9e11 + 1024 / 1.4e13, rel=1e-6
+    )
     # the 2.15 GB fp16 gradient of mlp-small on 4 ranks at 25 Gbit/s = 3.125e9 B/s
     grad = 2.0 * 16 * 8192**2
     assert float(all_reduce_s(4, grad)) == pytest.approx(2 * grad * 3 / 4 / 3.125e9, rel=1e-6)
@@ -60,9 +66,17 @@ def test_seed_dp4_series_within_half_a_percent():
     assert len(sim) == 6
     for _, r in sim.iterrows():
         # DistIR runs a single microbatch when pp = 1 (the CSV's num_microbatches is not DistIR's)
-        out = _run(MLP_SMALL, dp=4, micro_batch_size=int(r.batch_size) // 4, num_microbatches=1, dtype="fp16")
+        out = _run(
+            MLP_SMALL,
+            dp=4,
+            micro_batch_size=int(r.batch_size) // 4,
+            num_microbatches=1,
+            dtype="fp16",
+        )
         assert bool(out.valid)
-        assert float(out.throughput_samples_per_s) == pytest.approx(float(r.throughput), rel=0.005), r.batch_size
+        assert float(out.throughput_samples_per_s) == pytest.approx(
+            float(r.throughput), rel=0.005
+        ), r.batch_size
 
 
 def test_seed_mlp_small_tp8_within_three_percent():
@@ -88,15 +102,17 @@ def _replay_mlp(L, h, b, t, dp, nbytes):
         return 2 * size_bytes * (ranks - 1) / ranks / BW
 
     time, counter = 0.0, 0
-    shapes = [((h, h // t) if i % 2 == 0 else (h // t, h)) for i in range(L)] if t > 1 else [(h, h)] * L
-    for (k_, n_) in shapes:  # forward: MatMul, all-reduce after every 2nd matmul, Relu
+    shapes = (
+        [((h, h // t) if i % 2 == 0 else (h // t, h)) for i in range(L)] if t > 1 else [(h, h)] * L
+    )
+    for k_, n_ in shapes:  # forward: MatMul, all-reduce after every 2nd matmul, Relu
         time += matmul(b, k_, n_)
         counter += 1
         if t > 1 and counter % 2 == 0:
             time += allreduce(nbytes * b * n_, t)
         time += elementwise(b * n_)
     time += 2 * elementwise(b * h)  # Loss, LossGrad (on the labels)
-    for (k_, n_) in reversed(shapes):  # backward: ReluGrad, MatMulGrad = dz·wᵀ + xᵀ·dz
+    for k_, n_ in reversed(shapes):  # backward: ReluGrad, MatMulGrad = dz·wᵀ + xᵀ·dz
         time += elementwise(b * n_, 2)
         time += matmul(b, n_, k_) + matmul(k_, b, n_)
         counter += 1
@@ -108,8 +124,15 @@ def _replay_mlp(L, h, b, t, dp, nbytes):
     return time + elementwise(k_ * n_, 2)
 
 
-@pytest.mark.parametrize("L,h,b,t,dp,dtype", [(8, 512, 16, 1, 1, "fp16"), (8, 512, 16, 4, 1, "fp32"),
-                                              (16, 8192, 3, 2, 2, "fp16"), (4, 1024, 64, 8, 4, "bf16")])
+@pytest.mark.parametrize(
+    "L,h,b,t,dp,dtype",
+    [
+        (8, 512, 16, 1, 1, "fp16"),
+        (8, 512, 16, 4, 1, "fp32"),
+        (16, 8192, 3, 2, 2, "fp16"),
+        (4, 1024, 64, 8, 4, "bf16"),
+    ],
+)
 def test_matches_op_by_op_replay_of_distirs_mlp_trace(L, h, b, t, dp, dtype):
     spec = mlp_from_widths([h] * (L + 1)).spec
     out = _run(spec, dp=dp, tp=t, micro_batch_size=b, dtype=dtype)
@@ -119,11 +142,23 @@ def test_matches_op_by_op_replay_of_distirs_mlp_trace(L, h, b, t, dp, dtype):
 
 def test_terms_add_up_and_dp_is_not_overlapped():
     out = _run(MLP_SMALL, dp=2, tp=2, pp=4, micro_batch_size=4, num_microbatches=8, dtype="fp16")
-    assert sum(float(getattr(out, k)) for k in BREAKDOWN_TERMS) == pytest.approx(float(out.step_time_s), rel=1e-6)
+    assert sum(float(getattr(out, k)) for k in BREAKDOWN_TERMS) == pytest.approx(
+        float(out.step_time_s), rel=1e-6
+    )
     assert float(out.dp_comm_exposed_s) == pytest.approx(float(out.dp_comm_total_s), rel=1e-7)
     # DP overlap, ZeRO and recomputation are not DistIR knobs: they change nothing
-    other = _run(MLP_SMALL, dp=2, tp=2, pp=4, micro_batch_size=4, num_microbatches=8, dtype="fp16",
-                 dp_overlap=False, zero_stage=1, recompute="full")
+    other = _run(
+        MLP_SMALL,
+        dp=2,
+        tp=2,
+        pp=4,
+        micro_batch_size=4,
+        num_microbatches=8,
+        dtype="fp16",
+        dp_overlap=False,
+        zero_stage=1,
+        recompute="full",
+    )
     assert float(other.step_time_s) == pytest.approx(float(out.step_time_s), rel=1e-7)
     assert float(out.pp_p2p_s) > 0 and float(out.bubble_s) > 0
 
@@ -134,8 +169,11 @@ def test_pipeline_bubble_and_sends_by_hand():
     # per stage and microbatch: half the layers; 1F1B fill/drain = (p-1) stage-microbatches
     stage_mb = float(two.compute_s) / 2
     assert float(two.bubble_s) == pytest.approx(stage_mb, rel=1e-6)
-    assert stage_mb == pytest.approx((float(one.compute_s) - 2 * float(op_s(4 * 8192, 2 * 4 * 8192))) / 2
-                                     + 2 * float(op_s(4 * 8192, 2 * 4 * 8192)), rel=1e-5)
+    assert stage_mb == pytest.approx(
+        (float(one.compute_s) - 2 * float(op_s(4 * 8192, 2 * 4 * 8192))) / 2
+        + 2 * float(op_s(4 * 8192, 2 * 4 * 8192)),
+        rel=1e-5,
+    )
     act = 2.0 * 4 * 8192  # b x h fp16 activation per send
     assert float(two.pp_p2p_s) == pytest.approx((2 * 2 + 2 * 1) * act / 3.125e9, rel=1e-6)
 
@@ -156,7 +194,7 @@ def _reference_grid(n, batch):
     for d, h, p in itertools.product(pows, pows, pows):
         if d * h * p != n or batch // d == 0:
             continue
-        for k in ([1] if p == 1 else [2**j for j in range(1, 8)]):
+        for k in [1] if p == 1 else [2**j for j in range(1, 8)]:
             if (batch // d) // k and batch % (d * k) == 0:
                 rows.append((d, h, p, batch // (d * k), k))
     return sorted(rows)
@@ -177,16 +215,40 @@ def test_grid_vmap_equals_one_by_one():
     cols = distir_grid_columns(8, 128)
     grid = stack_strategies(cols)
     out = jax.jit(jax.vmap(distir_step_time, in_axes=(None, None, None, 0)))(
-        MLP_SMALL, A100.spec, A100.constants, grid)
+        MLP_SMALL, A100.spec, A100.constants, grid
+    )
     for i in (0, 3, len(cols["dp"]) - 1):
         one = STEP(MLP_SMALL, A100.spec, A100.constants, jax.tree.map(lambda x, i=i: x[i], grid))
         assert float(out.step_time_s[i]) == pytest.approx(float(one.step_time_s), rel=1e-6)
 
 
 def test_cli_estimate_cost_model_distir():
-    res = CliRunner().invoke(app, ["perf", "estimate", "--model", "mlp-small", "--cost-model", "distir",
-                                   "--gpus", "4", "--tp", "1", "--pp", "1", "--global-batch", "128",
-                                   "--micro-batch", "32", "--dtype", "fp16", "--recompute", "none", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "perf",
+            "estimate",
+            "--model",
+            "mlp-small",
+            "--cost-model",
+            "distir",
+            "--gpus",
+            "4",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--global-batch",
+            "128",
+            "--micro-batch",
+            "32",
+            "--dtype",
+            "fp16",
+            "--recompute",
+            "none",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["cost_model"] == "distir"
@@ -195,8 +257,25 @@ def test_cli_estimate_cost_model_distir():
 
 def test_cli_estimate_distir_takes_tp_that_only_fits_distirs_rule():
     # gpt2 has 12 heads: tp 8 is DistIR-valid (heads >= tp) but not a Megatron split of the heads.
-    args = ["perf", "estimate", "--model", "gpt2", "--gpus", "8", "--tp", "8", "--pp", "1",
-            "--global-batch", "8", "--micro-batch", "8", "--dtype", "fp16", "--json"]
+    args = [
+        "perf",
+        "estimate",
+        "--model",
+        "gpt2",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "8",
+        "--dtype",
+        "fp16",
+        "--json",
+    ]
     res = CliRunner().invoke(app, [*args, "--cost-model", "distir"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -204,7 +283,24 @@ def test_cli_estimate_distir_takes_tp_that_only_fits_distirs_rule():
     one = _run(gpt2, tp=8, micro_batch_size=8)
     assert doc["valid"] and doc["step_time_s"] == pytest.approx(float(one.step_time_s), rel=1e-6)
     aisim = CliRunner().invoke(app, [*args, "--cost-model", "aisim"])
-    assert aisim.exit_code == 2 and "a divisor of the number of attention heads (12)" in aisim.output
-    over = CliRunner().invoke(app, ["perf", "estimate", "--model", "gpt2", "--gpus", "16", "--tp", "16",
-                                    "--pp", "1", "--cost-model", "distir"])
+    assert (
+        aisim.exit_code == 2 and "a divisor of the number of attention heads (12)" in aisim.output
+    )
+    over = CliRunner().invoke(
+        app,
+        [
+            "perf",
+            "estimate",
+            "--model",
+            "gpt2",
+            "--gpus",
+            "16",
+            "--tp",
+            "16",
+            "--pp",
+            "1",
+            "--cost-model",
+            "distir",
+        ],
+    )
     assert over.exit_code == 2 and "at most the number of attention heads (12" in over.output

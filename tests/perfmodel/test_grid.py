@@ -28,9 +28,15 @@ STEP = jax.jit(step_time)
 
 def _grid_175b(**kw):
     s = GPT3.spec
-    return enumerate_strategies(num_layers=int(s.num_layers), num_heads=int(s.num_heads),
-                                num_kv_heads=int(s.num_kv_heads), num_gpus=kw.pop("gpus", 1024),
-                                global_batch=kw.pop("gbs", 1536), gpus_per_node=8, **kw)
+    return enumerate_strategies(
+        num_layers=int(s.num_layers),
+        num_heads=int(s.num_heads),
+        num_kv_heads=int(s.num_kv_heads),
+        num_gpus=kw.pop("gpus", 1024),
+        global_batch=kw.pop("gbs", 1536),
+        gpus_per_node=8,
+        **kw,
+    )
 
 
 def _brute_force(L, heads, kv, N, G, gpn):
@@ -61,8 +67,15 @@ def _brute_force(L, heads, kv, N, G, gpn):
 def test_enumeration_equals_brute_force_loop():
     # a small GPT (12 layers, 12 heads) on 48 GPUs: every knob's rule is exercised
     L, heads, N, G, gpn = 12, 12, 48, 96, 8
-    g = enumerate_strategies(num_layers=L, num_heads=heads, num_kv_heads=heads, num_gpus=N, global_batch=G,
-                             gpus_per_node=gpn, fused_attention=[False, True])
+    g = enumerate_strategies(
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=heads,
+        num_gpus=N,
+        global_batch=G,
+        gpus_per_node=gpn,
+        fused_attention=[False, True],
+    )
     rows = {tuple(int(x) for x in r) for r in np.stack([g.columns[k] for k in KNOBS], axis=1)}
     assert len(rows) == len(g), "the grid has duplicate strategies"
     assert rows == _brute_force(L, heads, heads, N, G, gpn)
@@ -79,7 +92,12 @@ def test_enumeration_rules_on_gpt3_175b():
     assert np.all(c["num_microbatches"][inter] % c["pp"][inter] == 0)
     assert np.all(c["interleave"][~inter] == 1)
     assert not np.any((c["tp"] == 1) & (c["sequence_parallel"] == 1))
-    assert set(np.unique(c["recompute"])) == {0, 1, 2} and set(np.unique(c["zero_stage"])) == {0, 1, 2, 3}
+    assert set(np.unique(c["recompute"])) == {0, 1, 2} and set(np.unique(c["zero_stage"])) == {
+        0,
+        1,
+        2,
+        3,
+    }
     # uneven stages: pp that does not divide the 96 layers is allowed (ceil(L/pp) in the model)
     assert 64 in set(c["pp"]) and 96 % 64
     wide = _grid_175b(allow_cross_node_tp=True, recompute=["full"], zero=[1])
@@ -102,7 +120,9 @@ def test_grid_equals_each_strategy_alone():
         s = make_strategy(**{k: float(g.columns[k][i]) for k in KNOBS})
         one = STEP(GPT3.spec, A100.spec, A100.constants, s)
         for leaf_grid, leaf_one in zip(jax.tree.leaves(out), jax.tree.leaves(one), strict=True):
-            np.testing.assert_allclose(np.asarray(leaf_grid)[i], np.asarray(leaf_one), rtol=2e-6, atol=0)
+            np.testing.assert_allclose(
+                np.asarray(leaf_grid)[i], np.asarray(leaf_one), rtol=2e-6, atol=0
+            )
 
 
 def test_on_device_selection_equals_host_sort():
@@ -119,12 +139,18 @@ def test_on_device_selection_equals_host_sort():
     # Pareto front by brute force: no other feasible strategy has at most the memory and at
     # least the tokens/s, and is better in one of them
     mem, tok = full["memory_per_device_bytes"].to_numpy(), full["tokens_per_s"].to_numpy()
-    on_front = [not np.any((mem <= m_) & (tok >= t_) & ((mem < m_) | (tok > t_)))
-                for m_, t_ in zip(mem, tok, strict=True)]
+    on_front = [
+        not np.any((mem <= m_) & (tok >= t_) & ((mem < m_) | (tok > t_)))
+        for m_, t_ in zip(mem, tok, strict=True)
+    ]
     front_ref = full[on_front].drop_duplicates(["memory_per_device_bytes", "tokens_per_s"])
     assert len(r.pareto) == len(front_ref)
-    np.testing.assert_allclose(np.sort(r.pareto["tokens_per_s"]), np.sort(front_ref["tokens_per_s"]), rtol=0)
-    assert np.all(np.diff(r.pareto["tokens_per_s"]) > 0) and np.all(np.diff(r.pareto["memory_per_device_bytes"]) >= 0)
+    np.testing.assert_allclose(
+        np.sort(r.pareto["tokens_per_s"]), np.sort(front_ref["tokens_per_s"]), rtol=0
+    )
+    assert np.all(np.diff(r.pareto["tokens_per_s"]) > 0) and np.all(
+        np.diff(r.pareto["memory_per_device_bytes"]) >= 0
+    )
     # out-of-memory rows are masked and counted, never dropped with an error
     assert r.out_of_memory == len(g) - r.feasible > 0
 
@@ -150,13 +176,27 @@ np.savez(sys.argv[1], n=len(g), step=np.asarray(out.step_time_s), mem=np.asarray
 
 
 def test_sharded_over_four_devices_equals_unsharded(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=str(ROOT),
+    )
     dest = tmp_path / "sharded.npz"
-    subprocess.run([sys.executable, "-c", _SHARDED, str(dest)], check=True, env=env, cwd=ROOT, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", _SHARDED, str(dest)], check=True, env=env, cwd=ROOT, timeout=300
+    )
     sharded = np.load(dest)
-    g = enumerate_strategies(num_layers=96, num_heads=96, num_kv_heads=96, num_gpus=[512, 1024], global_batch=1536,
-                             gpus_per_node=8, recompute=["full"], zero=[1, 3])
+    g = enumerate_strategies(
+        num_layers=96,
+        num_heads=96,
+        num_kv_heads=96,
+        num_gpus=[512, 1024],
+        global_batch=1536,
+        gpus_per_node=8,
+        recompute=["full"],
+        zero=[1, 3],
+    )
     g = g.take(np.arange(4 * (len(g) // 4) - 1))
     assert int(sharded["n"]) == len(g) and len(g) % 4
     out = evaluate_grid(GPT3.spec, A100.spec, A100.constants, g.strategy())
@@ -185,12 +225,24 @@ def test_gpt3_175b_on_1024_a100_against_narayanan_sc21():
     r = srch.search(GPT3.spec, A100.spec, A100.constants, g, k=1)
     best = r.top.iloc[0]
     assert best["tp"] <= 8 and best["pp"] > 1
-    paper = make_strategy(dp=8, tp=8, pp=16, micro_batch_size=1, num_microbatches=192, schedule="1f1b",
-                          zero_stage=0, recompute="full", sequence_parallel=False, dp_overlap=False,
-                          gpus_per_node=8)
+    paper = make_strategy(
+        dp=8,
+        tp=8,
+        pp=16,
+        micro_batch_size=1,
+        num_microbatches=192,
+        schedule="1f1b",
+        zero_stage=0,
+        recompute="full",
+        sequence_parallel=False,
+        dp_overlap=False,
+        gpus_per_node=8,
+    )
     t = float(step_time(GPT3.spec, A100.spec, A100.constants, paper).step_time_s)
     eq3 = float(gpt_training_flops(GPT3.spec, 1536, 1.0)) / t / 1024 / 1e12
-    assert eq3 == pytest.approx(140.0, rel=0.20), f"the paper's strategy: {eq3:.1f} TFLOP/s per GPU by eq. 3"
+    assert eq3 == pytest.approx(140.0, rel=0.20), (
+        f"the paper's strategy: {eq3:.1f} TFLOP/s per GPU by eq. 3"
+    )
 
 
 def test_nothing_fits_says_why():
@@ -201,7 +253,9 @@ def test_nothing_fits_says_why():
     # 16 B/param × 174.6B params over 80 GiB devices: ceil(2.79e12 / 85.9e9) = 33
     assert "need at least 33 × 80 GiB per replica" in msg and "smallest ZeRO-3 footprint" in msg
     smallest = r.smallest.iloc[-1]
-    assert smallest["zero_stage"] == 3 and smallest["memory_per_device_bytes"] > float(A100.spec.memory_capacity_bytes)
+    assert smallest["zero_stage"] == 3 and smallest["memory_per_device_bytes"] > float(
+        A100.spec.memory_capacity_bytes
+    )
     # the reported footprint is the minimum over every ZeRO-3 strategy of the grid
     full = evaluate_grid(GPT3.spec, A100.spec, A100.constants, g.strategy())
     z3 = g.columns["zero_stage"] == 3
@@ -219,11 +273,20 @@ def test_pareto_mask_hand_case():
     cost = np.array([1.0, 2.0, 2.0, 3.0, 4.0, 0.5])
     gain = np.array([1.0, 3.0, 2.0, 2.5, 5.0, 0.1])
     ok = np.array([True, True, True, True, True, False])
-    assert list(np.asarray(srch.pareto_mask(cost, gain, ok))) == [True, True, False, False, True, False]
+    assert list(np.asarray(srch.pareto_mask(cost, gain, ok))) == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
 
 
 def test_results_frame_names_and_json_roundtrip():
-    g = _grid_175b(tp=[8], pp=[16], micro_batch=[1], zero=[1], recompute=["full"], sequence_parallel=[False])
+    g = _grid_175b(
+        tp=[8], pp=[16], micro_batch=[1], zero=[1], recompute=["full"], sequence_parallel=[False]
+    )
     r = srch.search(GPT3.spec, A100.spec, A100.constants, g, k=3)
     assert set(r.top["schedule"]) <= set(SCHEDULES) and set(r.top["recompute"]) == {RECOMPUTE[2]}
     assert isinstance(r.top, pd.DataFrame) and json.loads(r.top.to_json())  # plain values

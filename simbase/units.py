@@ -24,13 +24,28 @@ HOUR_S = 3600.0
 
 _COUNT_SUFFIX = {"": 1.0, "K": KILO, "M": MEGA, "B": GIGA, "G": GIGA, "T": TERA}
 _BYTES_SUFFIX = {
-    "": 1.0, "B": 1.0,
-    "KB": KILO, "MB": MEGA, "GB": GIGA, "TB": TERA,
-    "KIB": KIB, "MIB": MIB, "GIB": GIB, "TIB": 2.0**40,
+    "": 1.0,
+    "B": 1.0,
+    "KB": KILO,
+    "MB": MEGA,
+    "GB": GIGA,
+    "TB": TERA,
+    "KIB": KIB,
+    "MIB": MIB,
+    "GIB": GIB,
+    "TIB": 2.0**40,
 }
 _BITRATE_SUFFIX = {
-    "BPS": 1.0, "KBPS": KILO, "MBPS": MEGA, "GBPS": GIGA, "TBPS": TERA,
-    "BIT/S": 1.0, "KBIT/S": KILO, "MBIT/S": MEGA, "GBIT/S": GIGA, "TBIT/S": TERA,
+    "BPS": 1.0,
+    "KBPS": KILO,
+    "MBPS": MEGA,
+    "GBPS": GIGA,
+    "TBPS": TERA,
+    "BIT/S": 1.0,
+    "KBIT/S": KILO,
+    "MBIT/S": MEGA,
+    "GBIT/S": GIGA,
+    "TBIT/S": TERA,
 }
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 

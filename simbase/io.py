@@ -1,0 +1,118 @@
+"""Files in and out: JSON documents read with one clear error, results written atomically.
+
+Every result file is written to a temporary file in the same folder, flushed, and renamed over
+the target (``os.replace``), so an interrupted run never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simbase.errors import AisimError
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".json")
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A text file's contents, or one :class:`AisimError` line for a missing, unreadable or
+    non-text file (a directory, a FIFO, an I/O error)."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_file():
+            raise AisimError(f"{path}: not a regular file (expected a {what})")
+        return path.read_text()
+    except FileNotFoundError:
+        raise AisimError(f"{path}: {what} not found") from None
+    except UnicodeDecodeError:
+        raise AisimError(f"{path}: not a text file (expected a {what})") from None
+    except OSError as e:
+        raise AisimError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """Parses a JSON file; a missing file or bad JSON is one :class:`AisimError` line."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy/jax scalars and arrays as Python values, non-finite floats as ``None``."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "shape") and getattr(x, "shape", None) == ():  # a jax scalar
+        return jsonable(np.asarray(x).item())
+    return x
+
+
+def to_json(obj: Any) -> str:
+    """Serialises results (numpy/jax scalars, NaN as null) to an indented JSON string."""
+    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` via a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes text atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode())
+
+
+def check_table_suffix(path: str | os.PathLike | None, allowed: tuple[str, ...] = TABLE_SUFFIXES):
+    """Checks an output path's suffix before any work starts (field ``out``)."""
+    if path is not None and Path(path).suffix.lower() not in allowed:
+        raise AisimError(
+            field="out", value=str(path), expected="a file name ending in " + ", ".join(allowed)
+        )
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Writes a table atomically as CSV, Parquet or JSON records, chosen by the file suffix."""
+    path = Path(path)
+    check_table_suffix(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        atomic_write_text(path, df.to_csv(index=False))
+    elif suffix == ".json":
+        atomic_write_text(path, to_json(df.to_dict(orient="records")))
+    else:
+        buf = io.BytesIO()
+        try:
+            df.to_parquet(buf, index=False)
+        except ImportError as e:
+            raise AisimError(f"{path}: writing Parquet needs pyarrow ({e})", usage=False) from None
+        atomic_write_bytes(path, buf.getvalue())
