@@ -1,7 +1,7 @@
 """Prints the README's accuracy summary: every published measurement the tests use, aisim's prediction and error.
 
 Run: ``python docs/make_accuracy_summary.py`` (about a minute on 2 cores). Each line is computed here,
-from the shipped presets and the data files under ``tests/data`` and ``calibration/data``; nothing is
+from the shipped presets and the data files under ``calibration/data``; nothing is
 typed in by hand except the published numbers themselves, which are read from those files or named
 with their source below.
 """
@@ -42,7 +42,7 @@ def korthikanti() -> list[str]:
     df = make_accuracy_table.korthikanti_rows()
     e = np.abs(df.error_pct.to_numpy())
     meas = load_measurements(
-        ROOT / "tests" / "data" / "korthikanti2022_table5_iteration_time.csv", purpose="fit"
+        ROOT / "calibration" / "data" / "korthikanti2022_table5_iteration_time.csv", purpose="fit"
     )
     rows = resolve_rows(meas)
     r = fit(
@@ -287,7 +287,7 @@ def colossal_readme() -> list[str]:
 
 
 def collab() -> list[str]:
-    seed = ROOT / "tests" / "data" / "seed_collab_mlp_2clients.csv"
+    seed = ROOT / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
     if not seed.exists():
         return []
     with tempfile.TemporaryDirectory() as d:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def korthikanti_rows() -> pd.DataFrame:
     """One row per Table 5 measurement with aisim's uncalibrated prediction and error."""
-    df = load_measurements(ROOT / "tests" / "data" / "korthikanti2022_table5_iteration_time.csv")
+    df = load_measurements(ROOT / "calibration" / "data" / "korthikanti2022_table5_iteration_time.csv")
     hw = load_hardware("a100-80gb")
     fn = jax.jit(step_time)
     out = []

@@ -1,6 +1,6 @@
 """Draws docs/figures/collab_shares.png and prints the README's side-by-side table.
 
-The source document's 2-client MLP table (tests/data/seed_collab_mlp_2clients.csv) is fitted with
+The source document's 2-client MLP table (calibration/data/seed_collab_mlp_2clients.csv) is fitted with
 aisim's collaboration model (calibration.collab_fit), the fitted scenario is swept over 10M-100M
 (the 40M row is a prediction), and again with a 10x faster WAN. Top row: aisim's shares of one
 round as stacked bars, with the source's cumulative shares as black ticks; bottom row: the same
@@ -24,7 +24,7 @@ from calibration.collab_fit import fit_collab, load_collab_table  # noqa: E402
 from perfmodel import collab, load_hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED = ROOT / "tests" / "data" / "seed_collab_mlp_2clients.csv"
+SEED = ROOT / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
 OUT = ROOT / "docs" / "figures" / "collab_shares.png"
 TERMS = [
     ("compute_utilization_pct", "compute", "#4c72b0"),

@@ -2,7 +2,7 @@
 models (``--cost-model distir`` and the default ``aisim``).
 
 Usage: ``.venv/bin/python docs/make_distir_table.py`` (no arguments; the seed CSVs are the copies
-in ``tests/data``). Every row of ``seed_distir_simulation.csv`` and ``seed_distir_vs_colossal.csv``
+in ``calibration/data``). Every row of ``seed_distir_simulation.csv`` and ``seed_distir_vs_colossal.csv``
 is printed. The aisim default runs on the ``a100-80gb`` preset (the source names no GPU).
 Rows with pp = 1 use DistIR's single microbatch (micro-batch = batch / dp).
 """
@@ -17,7 +17,7 @@ import pandas as pd
 from perfmodel import load_hardware, load_model, make_strategy
 from perfmodel.step_time import select_step_fn
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 HARDWARE = "a100-80gb"
 
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from aisim.app import app
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "calibration" / "data"
 SHIPPED = Path(__file__).parents[2] / "calibration" / "data"
 runner = CliRunner()
 

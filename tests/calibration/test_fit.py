@@ -12,7 +12,7 @@ from calibration.measurements import load_measurements, normalise_measurements
 from calibration.objective import build_batch, predicted_step_time_s, resolve_rows
 from calibration.parameterization import parse_free
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "calibration" / "data"
 SHARED = Path(__file__).parents[1].parent / "calibration" / "data"
 
 # (model, gpus, tp, pp, micro_batch, microbatches): small and large kernels, intra- and

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from aisim.app import app
 
 runner = CliRunner()
-SEED = Path(__file__).resolve().parents[1] / "data" / "seed_collab_mlp_2clients.csv"
+SEED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
 SHARES = (
     "compute_utilization_pct",
     "communication_share_pct",

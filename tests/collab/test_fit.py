@@ -14,7 +14,7 @@ from calibration.collab_fit import fit_collab, load_collab_table
 from perfmodel import collab, load_hardware
 from simbase.errors import AisimError
 
-SEED = Path(__file__).resolve().parents[1] / "data" / "seed_collab_mlp_2clients.csv"
+SEED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
 A100 = load_hardware("a100-80gb")
 CPU = load_hardware("cpu-host")
 SCENARIO = collab.Scenario(hardware=(A100, A100), aggregator=CPU)

@@ -31,7 +31,7 @@ from perfmodel import (
 from perfmodel.memory import activation_bytes_per_layer
 from perfmodel.workload import layer_forward_ops
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "calibration" / "data"
 A100 = load_hardware("a100-80gb")
 STEP = jax.jit(step_time)
 

@@ -26,7 +26,7 @@ from perfmodel.distir import (
 from perfmodel.strategy import DTYPES, KNOBS, stack_strategies
 from perfmodel.workload import mlp_from_widths
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "calibration" / "data"
 A100 = load_hardware("a100-80gb")
 STEP = jax.jit(distir_step_time)
 MLP_SMALL = load_model("mlp-small").spec
