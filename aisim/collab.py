@@ -13,18 +13,22 @@ from __future__ import annotations
 import io
 import math
 import os
-import pickle
-import statistics
-import time
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
 
-from aisim.console import check_out_suffix, console, guard, print_json, rich_table
+from aisim.console import (
+    check_out_suffix,
+    console,
+    flag_names,
+    guard,
+    print_json,
+    rich_table,
+)
 from simbase import units
-from simbase.errors import AisimError, bad_value
+from simbase.errors import bad_value
 from simbase.io import atomic_write_text, to_json, write_table
 
 app = typer.Typer(no_args_is_help=True, help="Cross-site collaborative training efficiency.")
@@ -70,151 +74,23 @@ Profile = Annotated[
 JsonOut = Annotated[bool, _opt("--json", help="Print one JSON document.")]
 
 
-def _split(text: str, option: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise bad_value("command line", option, text, "a comma-separated list")
-    return parts
+# library field names -> this area's flags (the rest are --field-name)
+FLAGS = flag_names(num_microbatches="--microbatches")
+SERDE_FLAGS = flag_names(sizes="--params")
 
 
-def _rates(text: str | None, option: str) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    out = []
-    for p in _split(text, option):
-        try:
-            v = units.parse_bitrate(p)
-        except ValueError:
-            raise bad_value(
-                "command line", option, p, "a positive link speed like 1Gbps or 100Mbps"
-            ) from None
-        if not v > 0:
-            raise bad_value(
-                "command line", option, p, "a positive link speed like 1Gbps or 100Mbps"
-            )
-        out.append(v)
-    return tuple(out)
+def build_scenario(*, profile: Path | None, **options):
+    """A validated :class:`perfmodel.collab.Scenario` from the command-line strings
+    (:func:`perfmodel.collab_scenario.scenario_from_text`), with a profile applied."""
+    from perfmodel.collab_scenario import scenario_from_text
 
-
-def _numbers(text: str | None, option: str, integer: bool = True) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    out = []
-    for p in _split(text, option):
-        try:
-            v = units.parse_count(p)
-        except ValueError:
-            raise bad_value("command line", option, p, "positive numbers like 64 or 60k") from None
-        if v <= 0 or (integer and v != int(v)):
-            raise bad_value(
-                "command line", option, p, "positive integers" if integer else "positive numbers"
-            )
-        out.append(int(v) if integer else v)
-    return tuple(out)
-
-
-def _sizes(text: str, option: str = "--sizes") -> list[str]:
-    sizes = _split(text, option)
-    for s in sizes:
-        try:
-            if units.parse_count(s) < 8:
-                raise ValueError
-        except ValueError:
-            raise bad_value(
-                "command line", option, s, "parameter counts like 10M,100M or 1.5B"
-            ) from None
-    return sizes
-
-
-def _hardware(name: str):
-    from aisim.common import resolve_hardware
-
-    if name.lower().endswith(".json"):
-        return resolve_hardware(hardware_file=Path(name))
-    return resolve_hardware(name)
-
-
-def build_scenario(
-    *,
-    clients: int,
-    client_hardware: str,
-    devices: str,
-    batch_size: str,
-    local_samples: str,
-    local_steps: str | None,
-    wan_bandwidth: str,
-    wan_up: str | None,
-    wan_down: str | None,
-    wan_latency_ms: float | None,
-    mode: str,
-    topology: str,
-    compression: str,
-    topk_fraction: float,
-    microbatches: int,
-    aggregator_hardware: str,
-    dtype: str,
-    serde_format: str,
-    profile: Path | None,
-):
-    """A validated :class:`perfmodel.collab.Scenario` from the command-line strings."""
-    from perfmodel import collab
-
-    if clients < 1:
-        raise bad_value("command line", "--clients", clients, "a positive number of participants")
-    if serde_format not in collab.SERDE_FORMATS:
-        raise bad_value(
-            "command line",
-            "--serde-format",
-            serde_format,
-            "one of " + ", ".join(collab.SERDE_FORMATS),
-        )
-    names = _split(client_hardware, "--client-hardware")
-    if len(names) not in (1, clients):
-        raise bad_value(
-            "command line", "--client-hardware", client_hardware, f"one name or {clients} names"
-        )
-    hws = [_hardware(n) for n in names] * (clients if len(names) == 1 else 1)
-    if wan_latency_ms is not None and not (math.isfinite(wan_latency_ms) and wan_latency_ms >= 0):
-        raise bad_value(
-            "command line",
-            "--wan-latency-ms",
-            wan_latency_ms,
-            "a non-negative number of milliseconds",
-        )
-    bw = _rates(wan_bandwidth, "--wan-bandwidth")
-    ser, deser = collab.SERDE_DEFAULT_BYTES_PER_S[serde_format]
-    sc = collab.Scenario(
-        hardware=tuple(hws),
-        aggregator=_hardware(aggregator_hardware),
-        devices=_numbers(devices, "--devices"),
-        micro_batch_size=_numbers(batch_size, "--batch-size"),
-        local_samples=_numbers(local_samples, "--local-samples"),
-        local_steps=_numbers(local_steps, "--local-steps"),
-        up_bytes_per_s=_rates(wan_up, "--wan-up") or bw,
-        down_bytes_per_s=_rates(wan_down, "--wan-down") or bw,
-        latency_s=None if wan_latency_ms is None else wan_latency_ms * units.MS,
-        serialize_bytes_per_s=ser,
-        deserialize_bytes_per_s=deser,
-        mode=mode,
-        topology=topology,
-        compression=compression,
-        topk_fraction=topk_fraction,
-        num_microbatches=microbatches,
-        dtype=dtype,
-    )
-    for name in (
-        "devices",
-        "micro_batch_size",
-        "local_samples",
-        "local_steps",
-        "up_bytes_per_s",
-        "down_bytes_per_s",
-    ):
-        sc.per_site(name)  # one value or one per client
+    microbatches = options.pop("microbatches")
+    sc = scenario_from_text(**options, num_microbatches=microbatches)
     if profile is not None:
         from calibration.collab_fit import apply_profile
 
-        sc = apply_profile(sc, profile, serde_format, keep_latency=wan_latency_ms is not None)
+        keep_latency = options["wan_latency_ms"] is not None
+        sc = apply_profile(sc, profile, options["serde_format"], keep_latency=keep_latency)
     return sc
 
 
@@ -363,53 +239,65 @@ def sweep(
     ] = None,
 ) -> None:
     """One row per model size: total task time and each client's shares of the round."""
-    with guard():
+    with guard(FLAGS):
         from perfmodel.collab import sweep_frame
+        from perfmodel.collab_scenario import parse_sizes
 
         check_out_suffix(out)
-        if not (math.isfinite(rounds) and rounds > 0):
-            raise bad_value("command line", "--rounds", rounds, "a positive number of rounds")
-        size_list = _sizes(sizes)
-        sc = build_scenario(
-            **{k: v for k, v in locals().items() if k in _SCENARIO_DEFAULTS}, profile=profile
-        )
+        check_rounds(rounds)
+        size_list = parse_sizes(sizes)
+        options = {k: v for k, v in locals().items() if k in _SCENARIO_DEFAULTS}
+        sc = build_scenario(**options, profile=profile)
         df = sweep_frame(sc, size_list, rounds)
         if out is not None:
             write_table(df, out)
         if plot is not None:
             plot_shares(df, sc.num_sites, plot, f"{mode}, {topology}, {wan_bandwidth} WAN")
-        cols = share_columns(sc.num_sites)
         if json_out:
-            print_json(
-                {
-                    "setting": {
-                        "mode": mode,
-                        "topology": topology,
-                        "compression": compression,
-                        "clients": sc.num_sites,
-                        "hardware": [h.name for h in sc.hardware],
-                        "aggregator": sc.aggregator.name,
-                        "wan_bandwidth": wan_bandwidth,
-                        "rounds": rounds,
-                        "serde_format": serde_format,
-                        "profile": None if profile is None else str(profile),
-                    },
-                    "rows": df.to_dict(orient="records"),
-                }
-            )
+            setting = _sweep_setting(sc, options, rounds, profile)
+            print_json({"setting": setting, "rows": df.to_dict(orient="records")})
             return
-        title = (
-            f"aisim collab sweep: {mode}, {topology}, {sc.num_sites} clients, {rounds:g} round(s)"
-        )
-        shown = short_names(df[cols]) if sc.num_sites <= 2 else long_shares(df, sc.num_sites)
-        console.print(rich_table(shown, title=title, float_fmt="{:.2f}"))
-        console.print(
-            "shares of one synchronous round (comm includes waiting); total = rounds x round "
-            "time; --json/--out name them client{i}_*_pct",
-            highlight=False,
-        )
-        if out is not None:
-            console.print(f"wrote {out}", highlight=False)
+        _print_sweep(df, sc, options, rounds, out)
+
+
+def check_rounds(rounds: float) -> None:
+    """``--rounds`` is a positive, finite number."""
+    if not (math.isfinite(rounds) and rounds > 0):
+        raise bad_value(None, "rounds", rounds, "a positive number of rounds")
+
+
+def _sweep_setting(sc, options: dict, rounds: float, profile: Path | None) -> dict:
+    """The ``setting`` block of ``sweep --json``."""
+    return {
+        "mode": options["mode"],
+        "topology": options["topology"],
+        "compression": options["compression"],
+        "clients": sc.num_sites,
+        "hardware": [h.name for h in sc.hardware],
+        "aggregator": sc.aggregator.name,
+        "wan_bandwidth": options["wan_bandwidth"],
+        "rounds": rounds,
+        "serde_format": options["serde_format"],
+        "profile": None if profile is None else str(profile),
+    }
+
+
+def _print_sweep(df, sc, options: dict, rounds: float, out: Path | None) -> None:
+    """The sweep for people: the shares table (long form beyond two clients) and a legend."""
+    title = (
+        f"aisim collab sweep: {options['mode']}, {options['topology']}, {sc.num_sites} clients, "
+        f"{rounds:g} round(s)"
+    )
+    cols = share_columns(sc.num_sites)
+    shown = short_names(df[cols]) if sc.num_sites <= 2 else long_shares(df, sc.num_sites)
+    console.print(rich_table(shown, title=title, float_fmt="{:.2f}"))
+    console.print(
+        "shares of one synchronous round (comm includes waiting); total = rounds x round "
+        "time; --json/--out name them client{i}_*_pct",
+        highlight=False,
+    )
+    if out is not None:
+        console.print(f"wrote {out}", highlight=False)
 
 
 @app.command("fit")
@@ -445,7 +333,7 @@ def fit(
     json_out: JsonOut = False,
 ) -> None:
     """Fit the collaboration constants to a table of per-client shares; print fitted vs given."""
-    with guard():
+    with guard(FLAGS):
         from calibration.collab_fit import fit_collab, fit_profile, load_collab_table
 
         check_out_suffix(out, (".json",))
@@ -460,16 +348,6 @@ def fit(
             atomic_write_text(out, to_json(doc) + "\n")
         if table_out is not None:
             write_table(result.table, table_out)
-        rows = result.rows[
-            [
-                "model_params",
-                "fitted",
-                "given_total_task_time_s",
-                "given_rounds",
-                "round_time_s",
-                "implied_rounds",
-            ]
-        ]
         if json_out:
             print_json(
                 {
@@ -482,185 +360,49 @@ def fit(
                 }
             )
             return
-        console.print(
-            rich_table(
-                result.table,
-                title=f"aisim collab fit {seed.name}: given vs aisim (pp)",
-                float_fmt="{:.2f}",
-            )
+        _print_fit(result, seed, out)
+
+
+def _print_fit(result, seed: Path, out: Path | None) -> None:
+    """The fit for people: given vs fitted shares, implied rounds, the constants, the RMS."""
+    rows = result.rows[
+        [
+            "model_params",
+            "fitted",
+            "given_total_task_time_s",
+            "given_rounds",
+            "round_time_s",
+            "implied_rounds",
+        ]
+    ]
+    console.print(
+        rich_table(
+            result.table,
+            title=f"aisim collab fit {seed.name}: given vs aisim (pp)",
+            float_fmt="{:.2f}",
         )
-        console.print(
-            rich_table(
-                rows,
-                title="round time and the rounds each given total time implies",
-                float_fmt="{:.4g}",
-            )
+    )
+    console.print(
+        rich_table(
+            rows,
+            title="round time and the rounds each given total time implies",
+            float_fmt="{:.4g}",
         )
-        console.print(
-            rich_table(_values_frame(result.values), title="fitted constants", float_fmt="{:.4g}")
-        )
-        console.print(
-            f"rms_error_pp {result.rms_error_pp:.3f} over {result.num_fitted_values} percentages"
-            + (f"; wrote {out}" if out is not None else ""),
-            highlight=False,
-        )
+    )
+    console.print(
+        rich_table(_values_frame(result.values), title="fitted constants", float_fmt="{:.4g}")
+    )
+    console.print(
+        f"rms_error_pp {result.rms_error_pp:.3f} over {result.num_fitted_values} percentages"
+        + (f"; wrote {out}" if out is not None else ""),
+        highlight=False,
+    )
 
 
 def _values_frame(values: dict[str, float]):
     import pandas as pd
 
     return pd.DataFrame({"constant": list(values), "value": list(values.values())})
-
-
-# --------------------------------------------------------------------- serialisation formats
-
-
-def _params_tree(n_params: float, layers: int = 8) -> dict[str, np.ndarray]:
-    """The standard square MLP's weights (``layers`` h x h fp32 kernels), deterministic."""
-    h = max(1, round(math.sqrt(n_params / layers)))
-    rng = np.random.default_rng(0)
-    return {f"layer{i}": rng.standard_normal((h, h), dtype=np.float32) for i in range(layers)}
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _proto_dumps(tree: dict[str, np.ndarray]) -> bytes:
-    """Protobuf wire format of ``repeated Tensor {string name = 1; repeated uint64 shape = 2
-    [packed]; bytes data = 3;}`` as field 1 of the message (length-delimited fields)."""
-    parts = []
-    for name, a in tree.items():
-        nb = name.encode()
-        shape = b"".join(_varint(d) for d in a.shape)
-        data = a.tobytes()
-        msg = b"".join(
-            [
-                b"\x0a",
-                _varint(len(nb)),
-                nb,
-                b"\x12",
-                _varint(len(shape)),
-                shape,
-                b"\x1a",
-                _varint(len(data)),
-                data,
-            ]
-        )
-        parts += [b"\x0a", _varint(len(msg)), msg]
-    return b"".join(parts)
-
-
-def _proto_loads(blob: bytes) -> dict[str, np.ndarray]:
-    buf = memoryview(blob)
-    out, pos = {}, 0
-    while pos < len(buf):
-        _, pos = _read_varint(buf, pos)  # tag of field 1
-        length, pos = _read_varint(buf, pos)
-        end, name, shape, data = pos + length, "", (), b""
-        while pos < end:
-            tag, pos = _read_varint(buf, pos)
-            n, pos = _read_varint(buf, pos)
-            field = buf[pos : pos + n]
-            pos += n
-            if tag >> 3 == 1:
-                name = bytes(field).decode()
-            elif tag >> 3 == 2:
-                dims, p = [], 0
-                while p < n:
-                    d, p = _read_varint(field, p)
-                    dims.append(d)
-                shape = tuple(dims)
-            else:
-                data = field
-        out[name] = np.frombuffer(data, np.float32).reshape(shape).copy()
-    return out
-
-
-def _numpy_dumps(tree):
-    buf = io.BytesIO()
-    np.savez(buf, **tree)
-    return buf.getvalue()
-
-
-def _numpy_loads(blob):
-    with np.load(io.BytesIO(blob)) as z:
-        return {k: z[k] for k in z.files}
-
-
-def _msgpack_dumps(tree):
-    from flax import serialization
-
-    return serialization.msgpack_serialize(tree)
-
-
-def _msgpack_loads(blob):
-    from flax import serialization
-
-    return serialization.msgpack_restore(blob)
-
-
-SERDE = {
-    "numpy": (_numpy_dumps, _numpy_loads),
-    "msgpack": (_msgpack_dumps, _msgpack_loads),
-    "protobuf": (_proto_dumps, _proto_loads),
-    "pickle": (lambda t: pickle.dumps(t, protocol=5), pickle.loads),
-}
-
-
-def measure_serde_rows(sizes: list[str], formats: list[str], repeats: int) -> list[dict]:
-    """Times serialise and deserialise of each size's fp32 weights in each format (median of ``repeats``)."""
-    rows = []
-    for size in sizes:
-        tree = _params_tree(units.parse_count(size))
-        nbytes = sum(a.nbytes for a in tree.values())
-        for fmt in formats:
-            dumps, loads = SERDE[fmt]
-            ts, td = [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                blob = dumps(tree)
-                t1 = time.perf_counter()
-                back = loads(blob)
-                t2 = time.perf_counter()
-                ts.append(t1 - t0)
-                td.append(t2 - t1)
-            if not all(np.array_equal(back[k], tree[k]) for k in tree):
-                raise AisimError(f"{fmt}: the round trip changed the parameters", usage=False)
-            del blob, back
-            rows.append(
-                {
-                    "format": fmt,
-                    "model_params": size,
-                    "params": sum(a.size for a in tree.values()),
-                    "bytes": nbytes,
-                    "serialize_s": statistics.median(ts),
-                    "deserialize_s": statistics.median(td),
-                }
-            )
-    for r in rows:
-        r["serialize_gb_per_s"] = r["bytes"] / r["serialize_s"] / units.GIGA
-        r["deserialize_gb_per_s"] = r["bytes"] / r["deserialize_s"] / units.GIGA
-    return rows
 
 
 @app.command("measure-serde")
@@ -682,29 +424,20 @@ def measure_serde(
     Each format's throughput is the total bytes over the total median time of all sizes.
     ``AISIM_QUICK=1`` caps the sizes at 2M parameters and the repeats at 2 (for tests).
     """
-    with guard():
+    with guard(SERDE_FLAGS):
         from calibration.collab_fit import serde_profile
+        from calibration.serde import check_formats, measure_serde, serde_throughputs
+        from perfmodel.collab_scenario import parse_list, parse_sizes
 
         check_out_suffix(out, (".json",))
-        sizes = _sizes(params, "--params")
-        fmts = _split(formats, "--formats")
-        for f in fmts:
-            if f not in SERDE:
-                raise bad_value("command line", "--formats", f, "formats among " + ", ".join(SERDE))
-        if repeats < 1:
-            raise bad_value("command line", "--repeats", repeats, "a positive integer")
+        sizes = parse_sizes(params)
+        fmts = check_formats(parse_list(formats, "formats"))
         if os.environ.get("AISIM_QUICK") == "1":
             sizes = [s if units.parse_count(s) <= 2e6 else "2M" for s in sizes]
-            repeats = min(repeats, 2)
-        rows = measure_serde_rows(sizes, fmts, repeats)
-        results = {}
-        for f in fmts:
-            rs = [r for r in rows if r["format"] == f]
-            total = sum(r["bytes"] for r in rs)
-            results[f] = {
-                "serialize_bytes_per_s": total / sum(r["serialize_s"] for r in rs),
-                "deserialize_bytes_per_s": total / sum(r["deserialize_s"] for r in rs),
-            }
+            repeats = min(repeats, 2) if repeats >= 1 else repeats
+        measured = measure_serde(sizes, fmts, repeats)
+        results = serde_throughputs(measured)
+        rows = [m.to_dict() for m in measured]
         doc = serde_profile(results, rows)
         if out is not None:
             atomic_write_text(out, to_json(doc) + "\n")
@@ -717,25 +450,30 @@ def measure_serde(
                 }
             )
             return
-        import pandas as pd
+        _print_serde(rows, repeats, out)
 
-        df = pd.DataFrame(rows)[
-            [
-                "format",
-                "model_params",
-                "bytes",
-                "serialize_s",
-                "deserialize_s",
-                "serialize_gb_per_s",
-                "deserialize_gb_per_s",
-            ]
+
+def _print_serde(rows: list[dict], repeats: int, out: Path | None) -> None:
+    """The measurements for people: one row per (format, size) with both throughputs."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)[
+        [
+            "format",
+            "model_params",
+            "bytes",
+            "serialize_s",
+            "deserialize_s",
+            "serialize_gb_per_s",
+            "deserialize_gb_per_s",
         ]
-        console.print(
-            rich_table(
-                df,
-                title=f"aisim collab measure-serde (fp32 weights, median of {repeats})",
-                float_fmt="{:.4g}",
-            )
+    ]
+    console.print(
+        rich_table(
+            df,
+            title=f"aisim collab measure-serde (fp32 weights, median of {repeats})",
+            float_fmt="{:.4g}",
         )
-        if out is not None:
-            console.print(f"wrote {out}", highlight=False)
+    )
+    if out is not None:
+        console.print(f"wrote {out}", highlight=False)

@@ -84,7 +84,8 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
     """Reads and validates a collaboration table; ``rounds`` fills a blank ``rounds`` column.
 
     Raises:
-      AisimError: naming the file, the row and the field (a size like ``10Q``, a negative value).
+      AisimError: naming the file, the row and the field (a size like ``10Q``, a negative value);
+        a non-positive ``rounds`` names the argument ``rounds`` (``source`` ``None``).
     """
     path = Path(path)
     try:
@@ -146,7 +147,7 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
     )
     if rounds is not None:
         if not rounds > 0:
-            raise bad_value("command line", "--rounds", rounds, "a positive number of rounds")
+            raise bad_value(None, "rounds", rounds, "a positive number of rounds")
         rcol = np.where(np.isfinite(rcol), rcol, float(rounds))
     fitted = np.isfinite(shares).any(axis=(1, 2))
     if not fitted.any():
@@ -371,12 +372,17 @@ def fit_collab(table: CollabTable, scenario: collab.Scenario) -> CollabFit:
     """Fits the collaboration constants of ``scenario`` to ``table`` (see the module docstring).
 
     Raises:
-      AisimError: the scenario's number of clients differs from the table's.
+      AisimError: the scenario's number of clients differs from the table's (``field``
+        ``clients``, ``value`` the scenario's count; the hint names the table's).
     """
     if scenario.num_sites != table.num_sites:
         raise AisimError(
             f"{table.path}: the table has {table.num_sites} clients but the scenario has "
-            f"{scenario.num_sites} (pass --clients {table.num_sites})"
+            f"{scenario.num_sites}",
+            field="clients",
+            value=scenario.num_sites,
+            expected=f"{table.num_sites} clients, as in the table",
+            hint=f"pass {{clients}} {table.num_sites}",
         )
     sites, agg, setup = collab.scenario_parts(scenario)
     models = collab.size_models(table.sizes)

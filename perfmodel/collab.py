@@ -34,11 +34,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel import collectives as coll
+from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.roofline import op_time_s
 from perfmodel.step_time import step_time
-from perfmodel.strategy import ACT_BYTES, SCHEDULES, Strategy
+from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import ModelSpec, OpClass, tokens_per_sample, total_params
 
 MODES = ("fedavg", "data-parallel", "pipeline")
@@ -68,7 +69,7 @@ class Site:
       overhead_s: fixed cost per round on the site (data loading, evaluation, launches).
       up_bytes_per_s, down_bytes_per_s: WAN line rate towards and from the aggregator (or ring).
       serialize_bytes_per_s, deserialize_bytes_per_s: (de)serialisation throughput at the site.
-      dtype: compute dtype code (index into :data:`perfmodel.strategy.DTYPES`).
+      dtype: compute dtype code (a :class:`perfmodel.choices.Dtype`).
     """
 
     hw: HardwareSpec
@@ -171,9 +172,9 @@ def _local_strategy(site: Site, pp, num_microbatches, gpus_per_node) -> Strategy
         micro_batch_size=site.micro_batch_size,
         num_microbatches=num_microbatches,
         interleave=one,
-        schedule=jnp.asarray(float(SCHEDULES.index("1f1b")), jnp.float32),
-        zero_stage=0.0 * one,
-        recompute=0.0 * one,
+        schedule=jnp.asarray(float(Schedule.ONE_F_ONE_B), jnp.float32),
+        zero_stage=float(ZeroStage.NONE) * one,
+        recompute=float(Recompute.NONE) * one,
         sequence_parallel=0.0 * one,
         dtype=site.dtype,
         dp_overlap=one,
@@ -374,7 +375,7 @@ SERDE_DEFAULT_BYTES_PER_S = {
 }
 
 
-def _positive(where: str, field: str, value, unit: str) -> float:
+def _positive(where: str | None, field: str, value, unit: str) -> float:
     import math
 
     from simbase.errors import bad_value
@@ -412,7 +413,6 @@ def make_site(
     Raises:
       AisimError: a non-positive count, rate or throughput, naming ``where`` and the field.
     """
-    from perfmodel.strategy import DTYPES
     from simbase.errors import bad_value
 
     spec = hardware.spec
@@ -436,9 +436,10 @@ def make_site(
     }
     if not (isinstance(overhead_s, int | float) and overhead_s >= 0):
         raise bad_value(where, "overhead_s", overhead_s, "a non-negative number of seconds")
-    if dtype not in DTYPES or float(spec.peak_flops_per_s[DTYPES.index(dtype)]) <= 0:
+    code = next((d for d in Dtype if d.label == dtype), None)
+    if code is None or float(spec.peak_flops_per_s[code]) <= 0:
         raise bad_value(
-            where, "dtype", dtype, f"a dtype {hardware.name} supports ({', '.join(DTYPES)})"
+            where, "dtype", dtype, f"a dtype {hardware.name} supports ({', '.join(Dtype.labels())})"
         )
     c = hardware.constants if consts is None else consts
     if latency_s is not None:
@@ -452,7 +453,7 @@ def make_site(
         hw=spec,
         consts=c,
         overhead_s=jnp.asarray(float(overhead_s), f),
-        dtype=jnp.asarray(float(DTYPES.index(dtype)), f),
+        dtype=jnp.asarray(float(code), f),
         **{k: jnp.asarray(v, f) for k, v in vals.items()},
     )
 
@@ -483,19 +484,24 @@ def make_setup(
     topk_fraction: float = 0.01,
     num_microbatches: int = 8,
 ) -> Setup:
-    """A validated :class:`Setup` (names checked against :data:`MODES` and friends)."""
+    """A validated :class:`Setup` (names checked against :data:`MODES` and friends).
+
+    Raises:
+      AisimError: an unknown name or a bad knob, naming the argument (``mode``, ``topology``,
+        ``compression``, ``topk_fraction``, ``num_microbatches``; ``source`` ``None``).
+    """
     from simbase.errors import bad_value
 
     for field, value, choices in (
-        ("--mode", mode, MODES),
-        ("--topology", topology, TOPOLOGIES),
-        ("--compression", compression, COMPRESSIONS),
+        ("mode", mode, MODES),
+        ("topology", topology, TOPOLOGIES),
+        ("compression", compression, COMPRESSIONS),
     ):
         if value not in choices:
-            raise bad_value("command line", field, value, "one of " + ", ".join(choices))
+            raise bad_value(None, field, value, "one of " + ", ".join(choices))
     if not (isinstance(topk_fraction, int | float) and 0 < topk_fraction <= 1):
-        raise bad_value("command line", "--topk-fraction", topk_fraction, "a fraction in (0, 1]")
-    _positive("command line", "--microbatches", num_microbatches, "microbatches per step")
+        raise bad_value(None, "topk_fraction", topk_fraction, "a fraction in (0, 1]")
+    _positive(None, "num_microbatches", num_microbatches, "microbatches per step")
     f = jnp.float32
     return Setup(
         topk_fraction=jnp.asarray(float(topk_fraction), f),
@@ -541,8 +547,12 @@ class Scenario:
         return len(self.hardware)
 
     def per_site(self, name: str):
-        """The value of a per-site field for every site (a single value is repeated)."""
-        from simbase.errors import AisimError
+        """The value of a per-site field for every site (a single value is repeated).
+
+        Raises:
+          AisimError: ``field`` ``name`` has neither one value nor one per site.
+        """
+        from simbase.errors import bad_value
 
         v = getattr(self, name)
         if v is None or not isinstance(v, tuple | list):
@@ -550,10 +560,7 @@ class Scenario:
         if len(v) == 1:
             return list(v) * self.num_sites
         if len(v) != self.num_sites:
-            raise AisimError(
-                f"command line: field '{name}' has {len(v)} values: expected 1 or one per "
-                f"client ({self.num_sites})"
-            )
+            raise bad_value(None, name, tuple(v), f"1 value or one per client ({self.num_sites})")
         return list(v)
 
 

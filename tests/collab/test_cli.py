@@ -130,8 +130,11 @@ def test_fit_json_profile_and_sweep_with_it(tmp_path):
         (["sweep", "--wan-up", "0"], "'--wan-up' = '0'"),
         (["sweep", "--sizes", "10Q"], "'--sizes' = '10Q'"),
         (["sweep", "--mode", "gossip"], "'--mode' = 'gossip'"),
-        (["sweep", "--clients", "3", "--devices", "1,2"], "'devices' has 2 values"),
-        (["sweep", "--out", "x.txt"], "--out x.txt"),
+        (
+            ["sweep", "--clients", "3", "--devices", "1,2"],
+            "'--devices' = '1,2': expected 1 value or one per client (3)",
+        ),
+        (["sweep", "--out", "x.txt"], "'--out' = 'x.txt'"),
         (["measure-serde", "--params", "10Q"], "'--params' = '10Q'"),
         (["measure-serde", "--formats", "json"], "'--formats' = 'json'"),
         (["fit", "missing.csv"], "missing.csv: file not found"),

@@ -101,5 +101,10 @@ def test_bad_tables_fail_with_one_clear_message(tmp_path):
     bad.write_text("model_params,client1_compute_utilization_pct\n10M,150\n")
     with pytest.raises(AisimError, match=r"client1_compute_utilization_pct"):
         load_collab_table(bad)
-    with pytest.raises(AisimError, match="the scenario has 3"):
+    with pytest.raises(AisimError, match="the scenario has 3") as e:
         fit_collab(load_collab_table(SEED), collab.Scenario(hardware=(A100,) * 3, aggregator=CPU))
+    assert (e.value.field, e.value.value) == ("clients", 3)
+    assert e.value.render({"clients": "--clients"}).endswith("; pass --clients 2")
+    with pytest.raises(AisimError) as e:
+        load_collab_table(SEED, rounds=0)
+    assert (e.value.source, e.value.field, e.value.value) == (None, "rounds", 0)
