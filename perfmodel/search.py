@@ -1,7 +1,7 @@
 """Rank, filter and take the Pareto front of an evaluated strategy grid -> pandas.
 
 Contract: :func:`search` runs the one jitted, sharded evaluation of a
-:class:`~perfmodel.strategy.StrategyGrid` (:func:`perfmodel.step_time.evaluate_grid`) and
+:class:`~perfmodel.grid.StrategyGrid` (:func:`perfmodel.step_time.evaluate_grid`) and
 reduces it **on the device, inside the same jit**: a masked ``jax.lax.top_k`` of the ranking
 score, the best strategy of every sweep point (GPU count × global batch), the Pareto front of
 throughput against memory per device, and the counts of feasible and out-of-memory strategies.
@@ -23,10 +23,10 @@ import pandas as pd
 from jaxtyping import Array, Bool, Float, Int
 
 from perfmodel.constants import Constants
+from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import HardwareSpec
 from perfmodel.report import results_frame
 from perfmodel.step_time import StepBreakdown, evaluate_grid
-from perfmodel.strategy import StrategyGrid
 from perfmodel.workload import ModelSpec, total_params
 from simbase import units
 
@@ -209,7 +209,7 @@ def search(
 
     Args:
       m, hw, c: model, hardware spec and constants.
-      grid: the strategies (:func:`perfmodel.strategy.enumerate_strategies`).
+      grid: the strategies (:func:`perfmodel.grid.enumerate_strategies`).
       step_fn: the one-strategy cost model (default :func:`perfmodel.step_time.step_time`).
       k: how many of the best strategies to keep.
       rank_by: a key of :data:`RANK_KEYS` (tokens/s, cost per million tokens, MFU).

@@ -328,7 +328,7 @@ def evaluate_grid(
       m, hw, c: model, hardware and constants (shared by every row).
       grid: a :class:`Strategy` whose leaves have shape ``(n,)``.
       step_fn: the one-strategy function to vectorise (default :func:`step_time`; see
-        :func:`select_step_fn`).
+        :func:`perfmodel.cost_models.select_step_fn`).
       min_rows: pad to at least this many rows (a bucket size).
       trim: drop the padding rows from the result (``False`` keeps them: the caller masks
         rows ``>= n``, and the arrays stay sharded on the devices).
@@ -380,17 +380,11 @@ def _evaluate_grid(fn, reduce, m, hw, c, grid, n, row_args):
     return out if reduce is None else reduce(out, n, *row_args)
 
 
-COST_MODELS = ("aisim", "distir")
+# The cost-model registry moved to perfmodel.cost_models (above both models, so that distir and
+# step_time do not import each other); importable from here until every caller has moved.
+def __getattr__(name: str):
+    if name in ("COST_MODELS", "select_step_fn"):
+        from perfmodel import cost_models
 
-
-def select_step_fn(cost_model: str = "aisim"):
-    """The one-strategy step function of a cost model: ``aisim`` (this module) or ``distir``."""
-    if cost_model == "aisim":
-        return step_time
-    if cost_model == "distir":
-        from perfmodel.distir import distir_step_time
-
-        return distir_step_time
-    from simbase.errors import bad_value
-
-    raise bad_value("command line", "--cost-model", cost_model, "aisim or distir")
+        return getattr(cost_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,9 @@ import pytest
 
 from perfmodel import gpt_training_flops, load_hardware, load_model, make_strategy, step_time
 from perfmodel import search as srch
+from perfmodel.grid import enumerate_strategies
 from perfmodel.step_time import evaluate_grid
-from perfmodel.strategy import KNOBS, RECOMPUTE, SCHEDULES, enumerate_strategies
+from perfmodel.strategy import KNOBS, RECOMPUTE, SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[2]
 A100 = load_hardware("a100-80gb")
@@ -160,7 +161,7 @@ import json, sys, numpy as np, jax
 from perfmodel import load_hardware, load_model
 from perfmodel import search as srch
 from perfmodel.step_time import evaluate_grid
-from perfmodel.strategy import enumerate_strategies
+from perfmodel.grid import enumerate_strategies
 assert len(jax.devices()) == 4, jax.devices()
 m, hw = load_model("gpt3-175b"), load_hardware("a100-80gb")
 g = enumerate_strategies(num_layers=96, num_heads=96, num_kv_heads=96, num_gpus=[512, 1024], global_batch=1536,

@@ -23,7 +23,7 @@ import pytest
 
 from perfmodel import load_hardware, load_model, make_strategy, step_time
 from perfmodel import search as srch
-from perfmodel.strategy import enumerate_strategies
+from perfmodel.grid import enumerate_strategies
 
 GPT3 = load_model("gpt3-175b")
 GPUS, GBS = 1024, 2048

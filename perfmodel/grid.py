@@ -1,0 +1,356 @@
+"""Every valid strategy of a search as numpy columns (:class:`StrategyGrid`), built without loops.
+
+Contract: :func:`enumerate_strategies` crosses one knob at a time into a table of rows
+(``np.repeat``/``np.tile``) and filters each cross with a vectorised rule, counting what each
+rule pruned (:attr:`StrategyGrid.rejected`). Memory is not judged here: the step model masks the
+strategies that do not fit. A bad knob value (an unknown schedule, recompute mode or dtype)
+raises :class:`~simbase.errors.AisimError` with ``source=None`` and the parameter's name as
+``field``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.strategy import KNOBS, Strategy
+
+Rows = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyGrid:
+    """Every enumerated strategy as numpy columns (a struct of arrays), and what was pruned.
+
+    Attributes:
+      columns: one float32 array of length ``n`` per knob in :data:`~perfmodel.strategy.KNOBS`.
+      rejected: reason -> number of candidate combinations pruned for it (divisibility and
+        placement rules; memory is judged later, by the step model).
+      lifted_by: reason -> the :func:`enumerate_strategies` argument that lifts the rule (for
+        example ``allow_cross_node_tp``), so that a front end can say what to pass.
+    """
+
+    columns: dict[str, np.ndarray]
+    rejected: dict[str, int]
+    lifted_by: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.columns["dp"])
+
+    def strategy(self) -> Strategy:
+        """The grid as a :class:`~perfmodel.strategy.Strategy` whose leaves have shape ``(n,)``."""
+        return Strategy(**{k: self.columns[k] for k in KNOBS})
+
+    def take(self, idx) -> StrategyGrid:
+        """The rows ``idx`` (indices or a boolean mask), with the same rejections."""
+        return StrategyGrid(
+            {k: v[idx] for k, v in self.columns.items()}, self.rejected, self.lifted_by
+        )
+
+
+def concat_grids(grids: list[StrategyGrid]) -> StrategyGrid:
+    """One grid with the rows of several (a sweep), rejections added up."""
+    rejected: dict[str, int] = {}
+    lifted_by: dict[str, str] = {}
+    for g in grids:
+        for k, v in g.rejected.items():
+            rejected[k] = rejected.get(k, 0) + v
+        lifted_by.update(g.lifted_by)
+    cols = {
+        k: np.concatenate([g.columns[k] for g in grids]) if grids else np.zeros(0, np.float32)
+        for k in KNOBS
+    }
+    return StrategyGrid(cols, rejected, lifted_by)
+
+
+def divisors(n: int) -> np.ndarray:
+    """Positive divisors of ``n`` in increasing order (vectorised trial division)."""
+    d = np.arange(1, math.isqrt(int(n)) + 1)
+    d = d[n % d == 0]
+    return np.unique(np.concatenate([d, n // d]))
+
+
+# ---------------------------------------------------------------- table operations
+
+
+def _cross(rows: Rows, name: str, values) -> Rows:
+    """Cartesian product of a table of rows with one axis (numpy repeat/tile, no loops)."""
+    vals = np.asarray(values, np.int64)
+    n = len(next(iter(rows.values())))
+    out = {k: np.repeat(v, len(vals)) for k, v in rows.items()}
+    out[name] = np.tile(vals, n)
+    return out
+
+
+def _keep(rows: Rows, mask, rejected: dict[str, int], reason: str | None) -> Rows:
+    """The rows where ``mask`` holds; the others are counted under ``reason`` (``None``: a
+    combination the user did not ask for, or a duplicate, so not worth reporting)."""
+    bad = int((~mask).sum())
+    if bad and reason is not None:
+        rejected[reason] = rejected.get(reason, 0) + bad
+    return {k: v[mask] for k, v in rows.items()}
+
+
+def _as_list(values, default) -> tuple[list, bool]:
+    """The values asked for (and ``True``), or the default values (and ``False``)."""
+    if values is None:
+        return list(default), False
+    return list(values), True
+
+
+def _codes(choice, values, field: str, aliases=None) -> list[int]:
+    """Sorted distinct codes of labels or codes of a :class:`~perfmodel.choices.Choice`."""
+    return sorted({int(choice.parse(x, field, aliases=aliases)) for x in values})
+
+
+def _switch_codes(values) -> list[int]:
+    """Sorted distinct 0/1 codes of on/off values."""
+    return sorted({int(bool(x)) for x in values})
+
+
+# ---------------------------------------------------------------- the filters, in order
+
+
+def _cross_tp(rows, rejected, gpus_l, tp, num_heads, num_kv_heads, gpus_per_node, cross_node):
+    """tp: the divisors of the GPU count (or the values asked for), dividing the heads and KV
+    heads (Megatron's attention split) and, unless ``cross_node``, within one node."""
+    tp_l, tp_user = _as_list(tp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
+    rows = _cross(rows, "tp", tp_l)
+    rows = _keep(
+        rows,
+        rows["num_gpus"] % rows["tp"] == 0,
+        rejected,
+        "tp does not divide the number of GPUs" if tp_user else None,
+    )
+    rows = _keep(
+        rows,
+        (num_heads % rows["tp"] == 0) & (num_kv_heads % rows["tp"] == 0),
+        rejected,
+        f"tp does not divide the {num_heads} attention heads"
+        + (f" and {num_kv_heads} KV heads" if num_kv_heads != num_heads else ""),
+    )
+    if not cross_node:
+        rows = _keep(
+            rows,
+            (rows["tp"] <= gpus_per_node) & (gpus_per_node % rows["tp"] == 0),
+            rejected,
+            _cross_node_reason(gpus_per_node),
+        )
+    return rows, tp_user
+
+
+def _cross_node_reason(gpus_per_node: int) -> str:
+    return f"tp crosses a node of {gpus_per_node} GPUs"
+
+
+def _cross_pp(rows, rejected, gpus_l, pp, tp_user, num_layers):
+    """pp: the divisors of gpus / tp (or the values asked for), at most the layers; then
+    dp = gpus / (tp·pp) must divide the global batch."""
+    pp_l, pp_user = _as_list(pp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
+    rows = _cross(rows, "pp", pp_l)
+    rows = _keep(
+        rows,
+        (rows["num_gpus"] // rows["tp"]) % rows["pp"] == 0,
+        rejected,
+        "tp·pp does not divide the number of GPUs" if pp_user or tp_user else None,
+    )
+    rows = _keep(rows, rows["pp"] <= num_layers, rejected, f"pp exceeds the {num_layers} layers")
+    rows["dp"] = rows["num_gpus"] // (rows["tp"] * rows["pp"])
+    return _keep(
+        rows,
+        rows["global_batch"] % rows["dp"] == 0,
+        rejected,
+        "the global batch is not a multiple of dp",
+    )
+
+
+def _cross_micro_batch(rows, rejected, micro_batch):
+    """Micro-batch sizes dividing the per-replica batch; num_microbatches follows."""
+    per_replica = rows["global_batch"] // np.maximum(rows["dp"], 1)
+    mb_default = (
+        np.unique(np.concatenate([divisors(int(b)) for b in np.unique(per_replica)]))
+        if len(per_replica)
+        else np.ones(1, np.int64)
+    )
+    mb_l, mb_user = _as_list(micro_batch, mb_default)
+    rows = _cross(rows, "micro_batch_size", mb_l)
+    rows = _keep(
+        rows,
+        (rows["global_batch"] // rows["dp"]) % rows["micro_batch_size"] == 0,
+        rejected,
+        "the micro-batch size does not divide the per-replica batch" if mb_user else None,
+    )
+    rows["num_microbatches"] = rows["global_batch"] // (rows["dp"] * rows["micro_batch_size"])
+    return rows
+
+
+def _cross_schedule(rows, rejected, schedule):
+    """Schedules; with pp = 1 every non-interleaved schedule is the same, so only one is kept
+    (1F1B if listed), and the interleaved one needs pp > 1."""
+    sch_l, sch_user = _as_list(schedule, Schedule.labels())
+    sch_codes = _codes(Schedule, sch_l, "schedule")
+    rows = _cross(rows, "schedule", sch_codes)
+    inter = int(Schedule.INTERLEAVED)
+    flat = [c for c in sch_codes if c != inter]
+    one_f_one_b = int(Schedule.ONE_F_ONE_B)
+    kept_flat = one_f_one_b if one_f_one_b in flat else (flat[0] if flat else -1)
+    keep = (rows["pp"] != 1) | (rows["schedule"] == kept_flat)
+    rows = _keep(rows, keep | (rows["schedule"] == inter), rejected, None)
+    rows = _keep(
+        rows,
+        ~((rows["pp"] == 1) & (rows["schedule"] == inter)),
+        rejected,
+        "the interleaved schedule needs pp > 1" if sch_user else None,
+    )
+    return rows, sch_user
+
+
+def _cross_interleave(rows, rejected, interleave, sch_user, num_layers):
+    """Chunks per device v (Narayanan et al. SC21 §2.2.2): v >= 2 with pp·v dividing the layers
+    and a multiple of pp microbatches for the interleaved schedule, v = 1 for the others."""
+    v_l, v_user = _as_list(interleave, [v for v in divisors(num_layers) if v >= 1])
+    rows = _cross(rows, "interleave", v_l)
+
+    def inter(r):
+        return r["schedule"] == Schedule.INTERLEAVED
+
+    rows = _keep(rows, ~inter(rows) | (rows["interleave"] >= 2), rejected, None)
+    rows = _keep(
+        rows,
+        inter(rows) | (rows["interleave"] == 1),
+        rejected,
+        "interleave > 1 needs the interleaved schedule" if v_user and sch_user else None,
+    )
+    rows = _keep(
+        rows,
+        ~inter(rows) | (num_layers % (rows["pp"] * rows["interleave"]) == 0),
+        rejected,
+        f"pp·interleave does not divide the {num_layers} layers" if v_user else None,
+    )
+    return _keep(
+        rows,
+        ~inter(rows) | (rows["num_microbatches"] % rows["pp"] == 0),
+        rejected,
+        "the interleaved schedule needs a number of microbatches that is a multiple of pp",
+    )
+
+
+def _cross_memory_knobs(rows, rejected, zero, recompute, sequence_parallel):
+    """ZeRO stages (only the lowest listed when dp = 1: nothing to partition), recomputation,
+    and sequence parallelism (on only when tp > 1, Korthikanti et al. 2022)."""
+    z_l, _ = _as_list(zero, [int(z) for z in ZeroStage])
+    z_l = [int(ZeroStage.parse(z, "zero")) for z in z_l]  # in the order asked for
+    rows = _cross(rows, "zero_stage", z_l)
+    rows = _keep(rows, (rows["dp"] > 1) | (rows["zero_stage"] == min(z_l)), rejected, None)
+    r_l, _ = _as_list(recompute, Recompute.labels())
+    r_codes = _codes(Recompute, r_l, "recompute", RECOMPUTE_ALIASES)
+    rows = _cross(rows, "recompute", r_codes)
+    sp_l, _ = _as_list(sequence_parallel, (False, True))
+    sp_codes = _switch_codes(sp_l)
+    rows = _cross(rows, "sequence_parallel", sp_codes)
+    rows = _keep(
+        rows, (rows["tp"] > 1) | (rows["sequence_parallel"] == sp_codes[0]), rejected, None
+    )
+    rows["sequence_parallel"] = np.where(rows["tp"] > 1, rows["sequence_parallel"], 0)
+    return rows, r_codes
+
+
+def _cross_precision(rows, rejected, dtype, supported_dtypes, dp_overlap):
+    """Dtypes (those the hardware supports, when it says) and the DP-overlap switch."""
+    d_l, _ = _as_list(dtype, (Dtype.BF16.label,))
+    rows = _cross(rows, "dtype", _codes(Dtype, d_l, "dtype"))
+    if supported_dtypes is not None:
+        ok = np.isin(rows["dtype"], _codes(Dtype, supported_dtypes, "supported_dtypes"))
+        rows = _keep(rows, ok, rejected, "the dtype is not supported by the hardware")
+    o_l, _ = _as_list(dp_overlap, (True,))
+    return _cross(rows, "dp_overlap", _switch_codes(o_l))
+
+
+def _cross_fused_attention(rows, rejected, fused_attention, r_codes):
+    """Fused attention (Dao et al. 2022) stores no s × s scores, so selective recomputation
+    equals none: that pair is dropped when none is in the grid."""
+    fa_l, _ = _as_list(fused_attention, (False,))
+    rows = _cross(rows, "fused_attention", _switch_codes(fa_l))
+    if Recompute.NONE in r_codes:
+        rows = _keep(
+            rows,
+            ~((rows["fused_attention"] == 1) & (rows["recompute"] == Recompute.SELECTIVE)),
+            rejected,
+            None,
+        )
+    return rows
+
+
+def enumerate_strategies(
+    *,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    num_gpus: int | list[int],
+    global_batch: int | list[int],
+    gpus_per_node: int,
+    tp: list[int] | None = None,
+    pp: list[int] | None = None,
+    micro_batch: list[int] | None = None,
+    schedule: list[str] | None = None,
+    interleave: list[int] | None = None,
+    zero: list[int] | None = None,
+    recompute: list[str] | None = None,
+    sequence_parallel: list[bool] | None = None,
+    dtype: list[str] | None = None,
+    dp_overlap: list[bool] | None = None,
+    fused_attention: list[bool] | None = None,
+    allow_cross_node_tp: bool = False,
+    supported_dtypes: list[str] | None = None,
+) -> StrategyGrid:
+    """Every valid strategy for some GPU counts and global batches, built with numpy.
+
+    The axes are crossed one at a time (``np.repeat``/``np.tile``) and each cross is filtered
+    by a vectorised rule, so no Python code runs per configuration:
+
+    - dp·tp·pp = GPUs; tp divides the attention heads and the KV heads (pass the hidden size
+      for both for an MLP); tp stays within a node unless ``allow_cross_node_tp``;
+    - pp up to the number of layers (uneven stages: the step model uses ``ceil(L/pp)``);
+    - the global batch is a multiple of dp, and the micro-batch size divides the per-replica
+      batch (``num_microbatches = global_batch / (dp·micro_batch)``);
+    - the interleaved schedule needs pp > 1, v >= 2 chunks with pp·v dividing the layers and
+      a number of microbatches that is a multiple of pp; other schedules have v = 1, and with
+      pp = 1 only one non-interleaved schedule is kept (they are the same);
+    - ZeRO 0-3 (only the lowest listed stage when dp = 1), recompute none/selective/full,
+      sequence parallelism on/off (off only when tp = 1), the dtypes and the DP overlap.
+
+    ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on;
+    ``fused_attention``: off). Schedules, recompute modes and dtypes are labels or codes of
+    :class:`~perfmodel.choices.Schedule`, :class:`~perfmodel.choices.Recompute` and
+    :class:`~perfmodel.choices.Dtype`.
+
+    Returns:
+      A :class:`StrategyGrid`; ``rejected`` counts the pruned (dp, tp, pp) factorisations and
+      the pruned values that the caller asked for, by reason.
+
+    Raises:
+      AisimError: an unknown schedule, recompute mode or dtype (``field`` = the argument).
+    """
+    rejected: dict[str, int] = {}
+    gpus_l = [int(x) for x in np.atleast_1d(num_gpus)]
+    gbs_l = [int(x) for x in np.atleast_1d(global_batch)]
+    L = int(num_layers)
+    rows = _cross({"num_gpus": np.asarray(gpus_l, np.int64)}, "global_batch", gbs_l)
+    rows, tp_user = _cross_tp(
+        rows, rejected, gpus_l, tp, num_heads, num_kv_heads, gpus_per_node, allow_cross_node_tp
+    )
+    rows = _cross_pp(rows, rejected, gpus_l, pp, tp_user, L)
+    rows = _cross_micro_batch(rows, rejected, micro_batch)
+    rows, sch_user = _cross_schedule(rows, rejected, schedule)
+    rows = _cross_interleave(rows, rejected, interleave, sch_user, L)
+    rows, r_codes = _cross_memory_knobs(rows, rejected, zero, recompute, sequence_parallel)
+    rows = _cross_precision(rows, rejected, dtype, supported_dtypes, dp_overlap)
+    rows = _cross_fused_attention(rows, rejected, fused_attention, r_codes)
+    rows["gpus_per_node"] = np.full(len(rows["dp"]), gpus_per_node, np.int64)
+    lifted_by = {}
+    if _cross_node_reason(gpus_per_node) in rejected:
+        lifted_by[_cross_node_reason(gpus_per_node)] = "allow_cross_node_tp"
+    return StrategyGrid({k: rows[k].astype(np.float32) for k in KNOBS}, rejected, lifted_by)
