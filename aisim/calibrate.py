@@ -85,8 +85,9 @@ def fit_command(
         from calibration import report
         from calibration.fit import fit as run_fit
         from calibration.measurements import load_measurements
-        from calibration.objective import build_batch, measured_or_fail, resolve_rows
         from calibration.parameterization import parse_free
+        from calibration.rows import build_batch, resolve_rows
+        from calibration.rows import measured_step_times as measured_or_fail
         from perfmodel.hardware import load_hardware
 
         check_out_suffix(out, (".json",))
@@ -194,9 +195,9 @@ def predict_command(
     """Predict step time, throughput and TFLOPS per GPU of each row (blank knobs searched)."""
     with guard():
         from calibration.measurements import load_measurements
-        from calibration.objective import resolve_rows
         from calibration.predict import predict_table
         from calibration.profile import load_profile_constants
+        from calibration.rows import resolve_rows
 
         check_out_suffix(out)
         df = load_measurements(

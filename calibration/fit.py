@@ -1,6 +1,6 @@
 """Fit the free constants to measured step times: Adam, then L-BFGS, then cross-validation.
 
-Contract: :func:`fit` minimises :func:`calibration.objective.make_objective` from the preset's
+Contract: :func:`fit` minimises :func:`calibration.objective.objective` from the preset's
 raw values with ``ADAM_STEPS`` of ``optax.adam`` (robust far from the optimum) and then
 ``LBFGS_STEPS`` of ``optax.lbfgs`` with its zoom line search (fast and precise near it), all in
 one compiled program (``lax.scan`` / ``lax.fori_loop``), so the result is deterministic. The rows
@@ -22,8 +22,9 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from calibration.objective import RowBatch, objective, predicted_step_time_s
+from calibration.objective import objective, predicted_step_time_s
 from calibration.parameterization import Parameterization
+from calibration.rows import RowBatch
 from perfmodel.constants import Constants
 
 ADAM_STEPS = 300
@@ -235,7 +236,7 @@ def fit(
 
     Args:
       param: the free constants over the preset.
-      batch: the measured rows (:func:`calibration.objective.build_batch`).
+      batch: the measured rows (:func:`calibration.rows.build_batch`).
       measured_s: measured seconds per step, shape ``(n,)``.
       seed: draws the k-fold split (leave-one-out does not use it).
       cross_validate: skip the held-out fits when False (their errors are NaN).

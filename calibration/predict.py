@@ -5,7 +5,7 @@ or a calibrated profile's), and returns one row per input row with ``predicted_s
 ``predicted_throughput_samples_per_s`` and ``predicted_tflops_per_gpu`` (model FLOPs,
 6·N·tokens, per GPU: Colossal-AI's convention), ``predicted_feasible`` (fits memory and divides
 evenly), and, where the row measured a value, ``error_pct`` = 100·(predicted/measured − 1) of the
-step time. A knob of :data:`~calibration.objective.SEARCHABLE` whose column is present but whose
+step time. A knob of :data:`~calibration.rows.SEARCHABLE` whose column is present but whose
 cell is blank is searched (``micro_batch_size`` also when neither it nor the microbatch count is
 given): every combination of candidates that validates is evaluated in one
 :func:`perfmodel.step_time.evaluate_grid` call per row, the fastest feasible one wins, and its
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from calibration.objective import RowConfig, row_strategy
+from calibration.rows import RowConfig, row_strategy
 from perfmodel.constants import Constants
 from perfmodel.step_time import evaluate_grid
 from perfmodel.strategy import RECOMPUTE, Strategy
@@ -37,7 +37,7 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
 
 def blank_knobs(rc: RowConfig) -> tuple[str, ...]:
     """The knobs this row leaves for the search."""
-    blanks = list(rc.knobs.get("_blank", ()))
+    blanks = list(rc.blank)
     k = rc.knobs
     if (
         "micro_batch_size" not in blanks

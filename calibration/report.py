@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.fit import FitResult
-from calibration.objective import RowConfig
 from calibration.profile import PROFILE_SCHEMA
+from calibration.rows import RowConfig
 from perfmodel.constants import constants_to_dict
 from perfmodel.strategy import KNOBS, Strategy
 

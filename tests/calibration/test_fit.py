@@ -9,8 +9,9 @@ import pandas as pd
 
 from calibration.fit import fit
 from calibration.measurements import load_measurements, normalise_measurements
-from calibration.objective import build_batch, predicted_step_time_s, resolve_rows
+from calibration.objective import predicted_step_time_s
 from calibration.parameterization import parse_free
+from calibration.rows import build_batch, resolve_rows
 
 DATA = Path(__file__).parents[2] / "calibration" / "data"
 SHARED = Path(__file__).parents[1].parent / "calibration" / "data"

@@ -10,7 +10,7 @@ import pytest
 
 from calibration import measurements as meas
 from calibration.measurements import data_path, load_measurements, normalise_measurements
-from calibration.objective import resolve_rows, row_strategy
+from calibration.rows import resolve_rows, row_strategy
 from simbase.errors import AisimError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

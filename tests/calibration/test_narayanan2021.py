@@ -13,8 +13,9 @@ import pytest
 
 from calibration.fit import fit
 from calibration.measurements import data_path, load_measurements
-from calibration.objective import build_batch, predicted_step_time_s, resolve_rows
+from calibration.objective import predicted_step_time_s
 from calibration.parameterization import parse_free
+from calibration.rows import build_batch, resolve_rows
 from perfmodel import gpt_training_flops, load_hardware, load_model, make_strategy, step_time
 from perfmodel import search as srch
 from perfmodel.strategy import enumerate_strategies

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 
 from calibration.measurements import normalise_measurements
-from calibration.objective import resolve_rows, row_strategy
 from calibration.predict import predict_table
+from calibration.rows import resolve_rows, row_strategy
 from perfmodel.step_time import step_time
 
 
