@@ -1,33 +1,60 @@
-"""Console helpers shared by every CLI area: one-line errors, JSON output, atomic writes.
+"""Console helpers shared by every CLI area: one-line errors, JSON output, tables that fit.
 
 Contract: a command body runs inside :func:`guard`; an :class:`~simbase.errors.AisimError`
-becomes one red line on stderr and exit code 2 (usage) or 1 (other). Results are written with
-:func:`write_table` / :func:`atomic_write_text`, which write to a temporary file in the same
-folder and rename it, so an interrupted run never leaves a half-written file.
+becomes one red line on stderr and exit code 2 (usage) or 1 (other). Tables for people are
+built with :func:`fitted_table` (or :func:`rich_table` for a DataFrame) and printed with
+:func:`print_table`: they fit the console's width by dropping the minor columns first, with a
+note naming them, unless the command's ``--wide`` asks for every column. The console is as
+wide as ``$COLUMNS`` when it is set, else the terminal; output that goes to a pipe or a file
+(no terminal) gets :data:`PIPE_WIDTH` columns.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import typer
-from rich.console import Console
+from rich import box
+from rich.console import Console, ConsoleDimensions
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from simbase.errors import AisimError
 from simbase.io import TABLE_SUFFIXES, check_table_suffix, to_json
 
-# Tables are wide; when the output is not a terminal (a pipe, a file, a test) rich would fall
-# back to 80 columns and fold names, so give it room.
-_WIDTH = None if sys.stdout.isatty() else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# When the output is not a terminal (a pipe, a file, a test) rich would fall back to 80
+# columns and fold names; tables are wide, so give them room unless $COLUMNS says otherwise.
+PIPE_WIDTH = 160
+
+
+class _Console(Console):
+    """A rich console whose width is read at each use: ``$COLUMNS`` when set, the terminal's
+    when the stream is one, else :data:`PIPE_WIDTH`."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = super().size
+        if self._width is not None or os.environ.get("COLUMNS", "").strip().isdigit():
+            return dims
+        isatty = getattr(self.file, "isatty", None)
+        if isatty is not None and isatty():
+            return dims
+        return ConsoleDimensions(PIPE_WIDTH, dims.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -76,17 +103,131 @@ def check_out_suffix(path: Path | None, allowed: tuple[str, ...] = TABLE_SUFFIXE
     check_table_suffix(path, allowed)
 
 
-def rich_table(df: pd.DataFrame, title: str | None = None, float_fmt: str = "{:.4g}") -> Table:
-    """A rich table of a DataFrame, for people."""
-    table = Table(title=title, show_lines=False)
-    for col in df.columns:
-        table.add_column(str(col), justify="right")
-    for row in df.itertuples(index=False):
-        cells = []
-        for v in row:
-            if isinstance(v, float | np.floating):
-                cells.append(float_fmt.format(v))
-            else:
-                cells.append(str(v))
-        table.add_row(*cells)
+def fitted_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    drop: Sequence[str] = (),
+    left: Sequence[str] = (),
+    wide: bool = False,
+    width: int | None = None,
+    wide_flag: str | None = "--wide",
+    **table_options: Any,
+) -> Table:
+    """A rich table for people that fits ``width`` (default: the console's), one line per row.
+
+    Columns are dropped in the order of ``drop`` (header names, the least important first)
+    until the table's natural width fits; the caption then names them: ``hidden: optim,
+    overhead (use --wide)``. Cells never wrap: if the kept columns are still too wide, the
+    text columns (``left``) are cut with an ellipsis.
+
+    Args:
+      headers: the column headers, in order.
+      rows: the cells of each row, as text (rich markup allowed).
+      drop: the headers that may be dropped, first dropped first.
+      left: the headers of left-justified columns (others are right-justified).
+      wide: keep every column (print with :func:`print_table` ``wide=True``).
+      width: the width to fit (default ``console.width``).
+      wide_flag: the option that shows every column, named in the note (None: no option).
+      **table_options: passed to :class:`rich.table.Table` (``title``, ``box``, ...).
+    """
+    width = console.width if width is None else width
+    keep = list(headers)
+    hidden: list[str] = []
+    table = _build_table(keep, headers, rows, left, table_options)
+    for name in drop if not wide else ():
+        if natural_width(table) <= width:
+            break
+        if name in keep:
+            keep.remove(name)
+            hidden.append(name)
+            table = _build_table(keep, headers, rows, left, table_options)
+    if hidden:
+        how = f" (use {wide_flag})" if wide_flag else ""
+        table.caption = f"hidden: {', '.join(hidden)}{how}"
+        table.caption_justify = "left"
     return table
+
+
+def _build_table(keep, headers, rows, left, options) -> Table:
+    """The table of the ``keep`` columns. Every cell stays on one line: the left-justified
+    (text) columns are the ones rich may narrow when the table is still too wide, and their
+    cells are then cut with an ellipsis; the numeric columns keep their width."""
+    options = dict(options)
+    options.setdefault("title_justify", "left")
+    table = Table(**options)
+    index = [list(headers).index(h) for h in keep]
+    for h in keep:
+        text = h in left
+        table.add_column(h, justify="left" if text else "right", no_wrap=not text)
+    for row in rows:
+        table.add_row(*(_one_line(row[i]) for i in index))
+    return table
+
+
+def _one_line(cell: str) -> Text:
+    text = Text.from_markup(cell, overflow="ellipsis")
+    text.no_wrap = True
+    return text
+
+
+def natural_width(table: Table) -> int:
+    """The columns a table needs to show every cell on one line."""
+    options = console.options.update(width=10_000)
+    return Measurement.get(console, options, table).maximum
+
+
+def print_table(table: Table, *, wide: bool = False) -> None:
+    """Prints a table; ``wide`` prints it at its natural width, wider than the console if need
+    be (never folded), as ``--wide`` asks."""
+    need = natural_width(table)
+    if not wide or need <= console.width:
+        console.print(table)
+    else:
+        Console(file=console.file, width=need, color_system=console.color_system).print(table)
+
+
+def rich_table(
+    df: pd.DataFrame,
+    title: str | None = None,
+    float_fmt: str = "{:.4g}",
+    *,
+    drop: Sequence[str] | None = None,
+    wide: bool = False,
+    wide_flag: str | None = "--wide",
+) -> Table:
+    """A rich table of a DataFrame, for people.
+
+    With ``drop`` (column names, the least important first) the table fits the console as
+    :func:`fitted_table` makes it, and names what it hid; without, every column is shown and
+    rich wraps the cells as it must.
+    """
+    cells = [[_cell(v, float_fmt) for v in row] for row in df.itertuples(index=False)]
+    headers = [str(c) for c in df.columns]
+    if drop is not None:
+        return fitted_table(
+            headers,
+            cells,
+            drop=[str(d) for d in drop],
+            wide=wide,
+            wide_flag=wide_flag,
+            title=title,
+            show_lines=False,
+            title_justify="center",
+        )
+    table = Table(title=title, show_lines=False)
+    for col in headers:
+        table.add_column(col, justify="right")
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
+def _cell(v: Any, float_fmt: str) -> str:
+    if isinstance(v, float | np.floating):
+        return float_fmt.format(v)
+    return str(v)
+
+
+# a compact table style for wide numeric tables (no vertical rules)
+COMPACT = dict(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)

@@ -5,17 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import jax
 import typer
 from rich.table import Table
 
-from aisim.common import resolve_constants, resolve_hardware, resolve_model
-from aisim.console import console, guard, print_json
-from perfmodel.report import results_frame, row_to_result
-from perfmodel.step_time import BREAKDOWN_TERMS, COST_MODELS, select_step_fn
-from perfmodel.strategy import strategy_from_knobs
+from aisim.common import resolve_constants
+from aisim.console import console, flag_names, guard, print_json
+from perfmodel import BREAKDOWN_TERMS, resolve_hardware, resolve_model
+from perfmodel import estimate as estimate_strategy
+from perfmodel.estimate import check_cost_model
 from simbase import units
-from simbase.errors import AisimError
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -55,6 +53,18 @@ CostModelOpt = Annotated[
 ]
 
 
+# library parameter -> option, where the option is not --<name-with-dashes>
+FLAGS = flag_names(
+    num_gpus="--gpus",
+    micro_batch_size="--micro-batch",
+    zero_stage="--zero",
+    num_layers="--layers",
+    hidden_size="--hidden",
+    num_heads="--heads",
+    vocab_size="--vocab",
+)
+
+
 def estimate_one(
     *,
     model: str | None = None,
@@ -85,31 +95,28 @@ def estimate_one(
     profile: Path | None = None,
     cost_model: str = "aisim",
 ) -> dict:
-    """The ``aisim perf estimate --json`` document for one strategy (library entry point)."""
+    """The ``aisim perf estimate --json`` document of one strategy, from the command's options
+    (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
+    :data:`FLAGS` maps to these options)."""
+    check_cost_model(cost_model)
     m = resolve_model(
         model,
         model_file=model_file,
         params=params,
         widths=widths,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
         seq_len=seq_len,
-        vocab=vocab,
+        vocab_size=vocab,
     )
     hw = resolve_hardware(hardware, hardware_file)
-    consts = resolve_constants(hw, profile)
-    gpn = gpus_per_node if gpus_per_node is not None else int(hw.spec.gpus_per_node)
-    if gpn < 1:
-        raise AisimError(
-            f"command line: field 'gpus-per-node' = {gpn}: expected a positive integer"
-        )
-    spec = m.spec
-    is_tf = spec.kind == "transformer"
-    s = strategy_from_knobs(
-        num_layers=int(spec.num_layers),
-        num_heads=int(spec.num_heads) if is_tf else int(spec.hidden_size),
-        num_kv_heads=int(spec.num_kv_heads) if is_tf else int(spec.hidden_size),
+    result = estimate_strategy(
+        m,
+        hw,
+        constants=resolve_constants(hw, profile),
+        cost_model=cost_model,
+        gpus_per_node=gpus_per_node,
         num_gpus=gpus,
         tp=tp,
         pp=pp,
@@ -123,29 +130,8 @@ def estimate_one(
         dtype=dtype,
         dp_overlap=dp_overlap,
         fused_attention=fused_attention,
-        gpus_per_node=gpn,
-        tp_rule="distir" if cost_model == "distir" else "divides",
-        names={
-            "tp": "--tp",
-            "pp": "--pp",
-            "num_gpus": "--gpus",
-            "global_batch": "--global-batch",
-            "micro_batch_size": "--micro-batch",
-            "interleave": "--interleave",
-            "zero_stage": "--zero",
-        },
     )
-    fn = select_step_fn(cost_model)
-    out = jax.jit(fn)(spec, hw.spec, consts, s)
-    doc = row_to_result(results_frame(s, out).iloc[0])
-    doc.update(model=m.name, hardware=hw.name, cost_model=cost_model, params=float(_params(spec)))
-    return doc
-
-
-def _params(spec):
-    from perfmodel.workload import total_params
-
-    return total_params(spec)
+    return result.to_dict()
 
 
 @app.command("estimate")
@@ -219,11 +205,7 @@ def estimate(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
-    with guard():
-        if cost_model not in COST_MODELS:
-            raise AisimError(
-                f"command line: field '--cost-model' = {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
-            )
+    with guard(FLAGS):
         doc = estimate_one(
             model=model,
             model_file=model_file,

@@ -5,6 +5,8 @@ Public API (one screen):
 
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
 from perfmodel.constants import Constants, constants_to_dict
+from perfmodel.estimate import Estimate, estimate, resolve_hardware, resolve_model
+from perfmodel.figures import plot_sweep
 from perfmodel.hardware import (
     Hardware,
     HardwareSpec,
@@ -15,6 +17,7 @@ from perfmodel.hardware import (
 from perfmodel.memory import MemoryBreakdown, memory_per_device
 from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown, evaluate_grid, step_time
 from perfmodel.strategy import RECOMPUTE, SCHEDULES, Strategy, make_strategy, stack_strategies
+from perfmodel.sweep import SweepResult, strategy_label, sweep
 from perfmodel.workload import (
     Model,
     ModelSpec,
@@ -32,6 +35,7 @@ __all__ = [
     "AisimError",
     "BREAKDOWN_TERMS",
     "Constants",
+    "Estimate",
     "Hardware",
     "HardwareSpec",
     "MemoryBreakdown",
@@ -41,10 +45,12 @@ __all__ = [
     "SCHEDULES",
     "StepBreakdown",
     "Strategy",
+    "SweepResult",
     "all_gather_s",
     "all_reduce_s",
     "all_to_all_s",
     "constants_to_dict",
+    "estimate",
     "evaluate_grid",
     "gpt_training_flops",
     "hardware_names",
@@ -58,8 +64,13 @@ __all__ = [
     "mlp_from_widths",
     "model_names",
     "p2p_s",
+    "plot_sweep",
     "reduce_scatter_s",
+    "resolve_hardware",
+    "resolve_model",
     "stack_strategies",
     "step_time",
+    "strategy_label",
+    "sweep",
     "total_params",
 ]
