@@ -1,0 +1,196 @@
+"""DeepSpeed training logs -> measurement rows.
+
+Contract: :func:`parse` reads what DeepSpeed itself prints (its logger's prefix is
+``[time] [INFO] [file.py:line:func]``; the pdsh launcher adds ``worker-N:``):
+
+- the launcher's ``dist_world_size=N`` (the world size);
+- ``DeepSpeedEngine configuration:`` followed by ``  name ....... value`` lines
+  (``runtime/config.py`` ``print``: ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
+  ``gradient_accumulation_steps``, ``zero_optimization_stage``, ``fp16_enabled``,
+  ``bfloat16_enabled``, ``world_size`` = the data-parallel size) and its ``json = {...}``;
+- the ``ThroughputTimer`` lines (``utils/timer.py``) every ``steps_per_print`` steps:
+  ``epoch=E/micro_step=M/global_step=G, RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C, ...``,
+  where ``C`` is ``train_batch_size`` over the time of that one global step, so its step time is
+  ``train_batch_size / C``;
+- the FLOPS profiler summary (``profiling/flops_profiler/profiler.py``): ``world size``,
+  ``data parallel size``, ``model parallel size``, ``batch size per GPU``, ``iter latency`` and
+  ``FLOPS per GPU``, used for the world size and the FLOP rate.
+
+Every rank prints the timer line (one node's ranks share stdout without a prefix): the first
+line of each global step counts, the others are dropped. A timer line after a ``[deepspeed]
+OVERFLOW! ... Skipping step`` line is left out (fp16 loss scaling skipped a step). A step count
+that goes back starts a new stretch, whose warm-up is dropped again. DeepSpeed does not print
+the model: the caller gives it (``model``), or the row cannot be built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from calibration.logs.rows import (
+    RowBuilder,
+    Sample,
+    clean_lines,
+    drop_warmup,
+    parse_scalar,
+    summarise,
+)
+from simbase.errors import AisimError
+
+FORMAT = "deepspeed"
+_NUM = r"([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf|nan))"
+TIMER = re.compile(
+    r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=" + _NUM
+    + r", CurrSamplesPerSec=" + _NUM
+)  # fmt: skip
+CONFIG_START = re.compile(r"DeepSpeedEngine configuration:")
+_CONFIG_LINE = re.compile(r"\]\s{1,3}([A-Za-z_]\w*) (?:\.+ | )(.*)$|^\s{2}([A-Za-z_]\w*) \.+ (.*)$")
+_JSON_START = re.compile(r"\bjson = (\{.*)$")
+_WORLD = re.compile(r"\bdist_world_size=(\d+)")
+_OVERFLOW = re.compile(r"OVERFLOW!.*Skipping step")
+_PROFILER = {
+    "world size:": "world_size",
+    "data parallel size:": "dp",
+    "model parallel size:": "mp",
+    "batch size per GPU:": "micro_batch_size",
+}
+_FLOPS = re.compile(r"^FLOPS per GPU = .*?:\s+([\d.]+)\s*([KMGTP]?)FLOPS")
+_SCALE = {"": 1e-12, "K": 1e-9, "M": 1e-6, "G": 1e-3, "T": 1.0, "P": 1e3}
+FLOP_CONVENTION = "DeepSpeed FLOPS profiler: (3 + recompute) x measured forward FLOPs per GPU"
+
+
+def _config(b: RowBuilder, cfg: dict[str, tuple[Any, int]]) -> None:
+    def has(name: str) -> bool:
+        return name in cfg and cfg[name][0] is not None
+
+    for name, col in (("train_batch_size", "global_batch_size"),
+                      ("train_micro_batch_size_per_gpu", "micro_batch_size"),
+                      ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+                      ("zero_optimization_stage", "zero_stage"), ("world_size", "dp")):  # fmt: skip
+        if has(name):
+            b.put(col, cfg[name][0], cfg[name][1])
+    for name, dtype in (("bfloat16_enabled", "bf16"), ("fp16_enabled", "fp16")):
+        if has(name) and cfg[name][0] is True:
+            b.put("dtype", dtype, cfg[name][1])
+            break
+    else:
+        if has("fp16_enabled"):
+            b.put("dtype", "fp32", cfg["fp16_enabled"][1])
+
+
+def _config_json(b: RowBuilder, data: Mapping[str, Any], no: int) -> None:
+    """The user's JSON (printed after the table) fills what the table lacked."""
+    b.setdefault("global_batch_size", data.get("train_batch_size"), no)
+    b.setdefault("micro_batch_size", data.get("train_micro_batch_size_per_gpu"), no)
+    b.setdefault("zero_stage", (data.get("zero_optimization") or {}).get("stage"), no)
+    if (data.get("bf16") or data.get("bfloat16") or {}).get("enabled"):
+        b.setdefault("dtype", "bf16", no)
+    elif (data.get("fp16") or {}).get("enabled"):
+        b.setdefault("dtype", "fp16", no)
+
+
+def parse(
+    text: str,
+    path: str,
+    overrides: Mapping[str, Any],
+    skip_iterations: int | None,
+) -> list[dict[str, Any]]:
+    """One measurement row for one DeepSpeed log (see the module docstring).
+
+    Raises:
+      AisimError: no timer line, or a field the model needs is neither in the log nor given.
+    """
+    lines = clean_lines(text)
+    b = RowBuilder(FORMAT, path)
+    cfg: dict[str, tuple[Any, int]] = {}
+    stretches: list[list[Sample]] = [[]]
+    seen: set[int] = set()
+    in_config = overflow = False
+    tflops: list[tuple[float, int]] = []
+    i = 0
+    while i < len(lines):
+        ln, t = lines[i], lines[i].text
+        i += 1
+        if CONFIG_START.search(t):
+            in_config = True
+            continue
+        if in_config and (m := _JSON_START.search(t)):
+            text_json, start = m.group(1), ln.no
+            while i < len(lines):
+                try:
+                    _config_json(b, json.loads(text_json), start)
+                    break
+                except json.JSONDecodeError:
+                    text_json += "\n" + lines[i].text
+                    i += 1
+            in_config = False
+            continue
+        if in_config and (m := _CONFIG_LINE.search(t)):
+            name, value = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            cfg[name] = (parse_scalar(value), ln.no)
+            continue
+        if m := _WORLD.search(t):
+            b.put("num_gpus", int(m.group(1)), ln.no)
+        elif _OVERFLOW.search(t):
+            overflow = True
+        elif m := TIMER.search(t):
+            step = int(m.group(3))
+            cur = stretches[-1]
+            if cur and step < cur[-1].step:
+                stretches.append([])
+                cur, seen = stretches[-1], set()
+            if step in seen:
+                continue
+            seen.add(step)
+            curr = float(m.group(5))
+            # samples per second -> seconds, once the batch size is known
+            cur.append(Sample(ln.no, step, curr, 1, ok=not overflow and curr > 0))
+            overflow = False
+        else:
+            stripped = t.strip()
+            for label, col in _PROFILER.items():
+                if stripped.startswith(label):
+                    b.put("profiler_" + col, parse_scalar(stripped[len(label) :]), ln.no)
+            if m := _FLOPS.search(stripped):
+                tflops.append((float(m.group(1)) * _SCALE[m.group(2)], ln.no))
+    _config(b, cfg)
+    if not any(stretches):
+        raise AisimError(
+            source=path, expected="DeepSpeed 'epoch=E/micro_step=M/global_step=G, "
+            "RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C' timer lines",
+        )  # fmt: skip
+    if b.get("profiler_world_size") is not None:
+        b.setdefault("num_gpus", b.get("profiler_world_size"), b.origin["profiler_world_size"])
+    b.apply(overrides)
+    _derive(b)
+    gbs = b.get("global_batch_size")
+    kept, warmup = [], 0
+    for cur in stretches:
+        times = [Sample(s.line, s.step, gbs / s.step_time_s if s.ok else float("nan"), 1, s.ok)
+                 for s in cur]  # fmt: skip
+        k, w = drop_warmup(times, skip_iterations)
+        kept += k
+        warmup += w
+    timing = summarise(kept, warmup, path)
+    b.timing(timing)
+    if tflops:
+        b.put("tflops_per_gpu", tflops[-1][0], tflops[-1][1])
+        b.values["flop_convention"] = FLOP_CONVENTION
+    return [b.row()]
+
+
+def _derive(b: RowBuilder) -> None:
+    for col in ("tp", "pp"):
+        b.setdefault(col, 1, "default")
+    mp = b.get("profiler_mp")
+    if b.get("num_gpus") is None and b.get("dp") is not None:
+        if mp is not None:
+            b.put("num_gpus", b.get("dp") * mp, "derived")
+        else:
+            b.put("num_gpus", b.get("dp") * b.get("tp") * b.get("pp"), "derived")
+    b.require("num_gpus", "the world size (number of GPUs)")
+    b.require("global_batch_size", "the global batch size (train_batch_size)")
+    b.require("model", "the model; DeepSpeed does not print it")

@@ -1,0 +1,38 @@
+"""DeepSpeed logs: config print, throughput timer on every rank, overflow, FLOPS profiler."""
+
+import re
+
+import pytest
+
+from calibration.logs import import_logs
+
+LOG = "deepspeed_zero2_bf16_8gpu.log"
+
+
+def test_step_time_from_timer_lines(fixture_path):
+    text = fixture_path(LOG).read_text()
+    # The first printed CurrSamplesPerSec of each global step (ranks 1 and 2 print theirs too).
+    curr = {}
+    for m in re.finditer(r"global_step=(\d+), RunningAvgSamplesPerSec=\S+ CurrSamplesPerSec=([\d.]+)", text):
+        curr.setdefault(int(m.group(1)), float(m.group(2)))
+    assert sorted(curr) == [10, 20, 30, 40, 50, 60, 70, 80]
+    # Warm-up: the first of 8 lines (step 10); step 40 follows an fp16 OVERFLOW line.
+    kept = [64 / curr[s] for s in (20, 30, 50, 60, 70, 80)]
+    (row,) = import_logs([fixture_path(LOG)], overrides={"model": "gpt3-1.3b"}).to_dict("records")
+    assert row["step_time_s"] == pytest.approx(sum(kept) / len(kept))
+    assert row["step_time_s"] == pytest.approx(0.7975)  # the times the fixture was written with
+    assert row["iterations_averaged"] == 6
+    assert row["bad_lines_skipped"] == 1
+
+
+def test_configuration(fixture_path):
+    (row,) = import_logs([fixture_path(LOG)], overrides={"model": "gpt3-1.3b"}).to_dict("records")
+    expected = dict(num_gpus=8, dp=8, tp=1, pp=1, global_batch_size=64, micro_batch_size=4,
+                    zero_stage=2, dtype="bf16", tflops_per_gpu=82.88, format="deepspeed")  # fmt: skip
+    for key, value in expected.items():
+        assert row[key] == value, key
+    prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))
+    assert prov["model"] == "option" and prov["tp"] == "default"
+    lines = fixture_path(LOG).read_text().splitlines()
+    assert "dist_world_size=8" in lines[int(prov["num_gpus"][1:]) - 1]
+    assert "zero_optimization_stage" in lines[int(prov["zero_stage"][1:]) - 1]
