@@ -38,11 +38,12 @@ from importlib import resources
 import jax.numpy as jnp
 import numpy as np
 
+from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import layers_per_stage, memory_per_device, stage_params
 from perfmodel.step_time import StepBreakdown
-from perfmodel.strategy import DTYPES, KNOBS, SCHEDULES, Strategy
+from perfmodel.strategy import KNOBS, Strategy
 from perfmodel.workload import (
     ModelSpec,
     OpClass,
@@ -68,7 +69,7 @@ LINK_BANDWIDTH_BYTES_PER_S = jnp.asarray(
     DISTIR_DEFAULTS["network_bandwidth_gbit_per_s"] * DISTIR_DEFAULTS["bytes_per_gbit"], jnp.float32
 )
 BYTES_PER_ELEMENT = jnp.asarray(
-    [float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in DTYPES], jnp.float32
+    [float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in Dtype.labels()], jnp.float32
 )
 DEFAULT_DTYPE = DISTIR_DEFAULTS["default_dtype"]
 GRID_MICROBATCHES = tuple(int(k) for k in DISTIR_DEFAULTS["grid_num_microbatches_pipelined"])
@@ -202,7 +203,7 @@ def plain_strategy(s: Strategy) -> Strategy:
         dp_overlap=zero,
         fused_attention=zero,
         interleave=jnp.ones_like(s.dp),
-        schedule=jnp.full_like(s.dp, float(SCHEDULES.index("1f1b"))),
+        schedule=jnp.full_like(s.dp, float(Schedule.ONE_F_ONE_B)),
     )
 
 
@@ -328,11 +329,11 @@ def distir_grid_columns(num_gpus: int, global_batch: int) -> dict[str, np.ndarra
     rows = len(dp)
     const = dict(
         interleave=1,
-        schedule=SCHEDULES.index("1f1b"),
-        zero_stage=0,
-        recompute=0,
+        schedule=int(Schedule.ONE_F_ONE_B),
+        zero_stage=int(ZeroStage.NONE),
+        recompute=int(Recompute.NONE),
         sequence_parallel=0,
-        dtype=DTYPES.index(DEFAULT_DTYPE),
+        dtype=int(Dtype.parse(DEFAULT_DTYPE, "default_dtype")),
         dp_overlap=0,
         fused_attention=0,
         gpus_per_node=int(num_gpus),

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import ModelSpec, embedding_params, head_params, layer_params
 
@@ -52,7 +53,7 @@ def model_state_bytes_per_param(
     dtype_code,
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
     """(weights, gradients, optimiser) bytes per parameter: 2/2/12 mixed, 4/4/8 in fp32/tf32."""
-    full = dtype_code < 1.5  # fp32 or tf32
+    full = (dtype_code == Dtype.FP32) | (dtype_code == Dtype.TF32)
     return (jnp.where(full, 4.0, 2.0), jnp.where(full, 4.0, 2.0), jnp.where(full, 8.0, 12.0))
 
 
@@ -73,7 +74,11 @@ def activation_bytes_per_layer(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     none_ = jnp.where(sp, sbh * (34.0 + attn) / t, sbh * (10.0 + 24.0 / t + attn / t))
     selective = jnp.where(sp, sbh * 34.0 / t, sbh * (10.0 + 24.0 / t))
     full = jnp.where(sp, 2.0 * sbh / t, 2.0 * sbh)
-    per_layer = jnp.where(s.recompute > 1.5, full, jnp.where(s.recompute > 0.5, selective, none_))
+    per_layer = jnp.where(
+        s.recompute == Recompute.FULL,
+        full,
+        jnp.where(s.recompute == Recompute.SELECTIVE, selective, none_),
+    )
     return per_layer * scale
 
 
@@ -86,7 +91,11 @@ def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
     return jnp.where(
         pp <= 1,
         1.0,
-        jnp.where(s.schedule < 0.5, gpipe, jnp.where(s.schedule > 1.5, interleaved, one_f_one_b)),
+        jnp.where(
+            s.schedule == Schedule.GPIPE,
+            gpipe,
+            jnp.where(s.schedule == Schedule.INTERLEAVED, interleaved, one_f_one_b),
+        ),
     )
 
 
@@ -95,9 +104,10 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     p = stage_params(m, s)
     w_b, g_b, o_b = model_state_bytes_per_param(s.dtype)
     z = s.zero_stage
-    weights = p * w_b / jnp.where(z >= 2.5, s.dp, 1.0)
-    grads = p * g_b / jnp.where(z >= 1.5, s.dp, 1.0)
-    opt = p * o_b / jnp.where(z >= 0.5, s.dp, 1.0)
+    # ZeRO stage k partitions the first k of (optimiser, gradients, weights) over dp
+    weights = p * w_b / jnp.where(z >= ZeroStage.PARAMETERS, s.dp, 1.0)
+    grads = p * g_b / jnp.where(z >= ZeroStage.GRADIENTS, s.dp, 1.0)
+    opt = p * o_b / jnp.where(z >= ZeroStage.OPTIMIZER, s.dp, 1.0)
     acts = activation_bytes_per_layer(m, s) * layers_per_stage(m, s) * in_flight_microbatches(s)
     if m.kind == "transformer":
         # logits and their fp32 softmax (4·s·b·V/t, Korthikanti §4.3) when the first stage is also last

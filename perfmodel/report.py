@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfmodel.choices import Dtype, Recompute, Schedule
 from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.strategy import DTYPES, KNOBS, RECOMPUTE, SCHEDULES, Strategy
+from perfmodel.strategy import KNOBS, Strategy
 
 SCALAR_KEYS = (
     "step_time_s",
@@ -51,10 +52,10 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
         "gpus_per_node",
     ):
         out[k] = cols[k].astype(np.int64)
-    out["schedule"] = np.asarray(SCHEDULES, dtype=object)[cols["schedule"].astype(int)]
-    out["recompute"] = np.asarray(RECOMPUTE, dtype=object)[cols["recompute"].astype(int)]
+    out["schedule"] = np.asarray(Schedule.labels(), dtype=object)[cols["schedule"].astype(int)]
+    out["recompute"] = np.asarray(Recompute.labels(), dtype=object)[cols["recompute"].astype(int)]
     out["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
-    out["dtype"] = np.asarray(DTYPES, dtype=object)[cols["dtype"].astype(int)]
+    out["dtype"] = np.asarray(Dtype.labels(), dtype=object)[cols["dtype"].astype(int)]
     out["dp_overlap"] = cols["dp_overlap"].astype(bool)
     out["fused_attention"] = cols["fused_attention"].astype(bool)
     out["global_batch_size"] = (

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Array, Bool, Float, Int
 
+from perfmodel.choices import ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import HardwareSpec
@@ -121,15 +122,13 @@ def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
             ]
         )
 
-        counts = jnp.stack(
-            [
-                ok.sum(),
-                (valid & ~(out.fits_memory > 0)).sum(),
-                (real & ~valid).sum(),
-                front.sum(),
-                (valid & (zero3 > 0)).sum(),
-                valid.sum(),
-            ]
+        counts = dict(
+            feasible=ok.sum(),
+            out_of_memory=(valid & ~(out.fits_memory > 0)).sum(),
+            invalid=(real & ~valid).sum(),
+            pareto=front.sum(),
+            valid_zero3=(valid & (zero3 > 0)).sum(),
+            valid=valid.sum(),
         )
         # indices only: gathering rows here would make XLA materialise every output of the grid
         return dict(
@@ -224,7 +223,7 @@ def search(
     rows = bucket_rows(n)
     point, points = sweep_points(grid)
     reduce = _reducer(max(1, min(int(k), rows)), len(points), min(int(front_size), rows), rank_by)
-    zero3 = (grid.columns["zero_stage"] == 3).astype(np.float32)
+    zero3 = (grid.columns["zero_stage"] == ZeroStage.PARAMETERS).astype(np.float32)
     res = evaluate_grid(
         m,
         hw,
@@ -257,7 +256,7 @@ def search(
     best = frame(1, res["best_idx"] < n)
     front = frame(2, res["front_idx"] < n)
     front = front.sort_values("memory_per_device_bytes", kind="stable").reset_index(drop=True)
-    smallest = frame(3, np.array([counts[5] > 0, counts[4] > 0]))
+    smallest = frame(3, np.array([counts["valid"] > 0, counts["valid_zero3"] > 0]))
     return SearchResult(
         m,
         grid,
@@ -265,10 +264,10 @@ def search(
         best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
         front,
         smallest,
-        int(counts[0]),
-        int(counts[1]),
-        int(counts[2]),
-        bool(counts[3] > front_size),
+        int(counts["feasible"]),
+        int(counts["out_of_memory"]),
+        int(counts["invalid"]),
+        bool(counts["pareto"] > front_size),
     )
 
 
