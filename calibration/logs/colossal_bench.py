@@ -41,7 +41,7 @@ _RICH_HEAD = re.compile(r"^(?:\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\])?\s*(?:INFO|WARN
 _TO_COLOSSAL = {"zero_stage": "zero", "micro_batch_size": "mbs"}
 
 
-def _namespace(lines: list[Line]) -> tuple[dict[str, Any], int] | None:
+def _namespace(lines: list[Line], path: str) -> tuple[dict[str, Any], int] | None:
     """The last ``args: Namespace(...)`` as a dict, and its line; wrapped lines are joined."""
     found = None
     for i, ln in enumerate(lines):
@@ -58,7 +58,7 @@ def _namespace(lines: list[Line]) -> tuple[dict[str, Any], int] | None:
             values = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
         except (SyntaxError, ValueError):
             raise AisimError(
-                source=f"?:{ln.no}", field="args", value=inner[:60],
+                source=f"{path}:{ln.no}", field="args", value=inner[:60],
                 expected="a complete 'args: Namespace(name=value, ...)' line",
             ) from None  # fmt: skip
         found = (values, ln.no)
@@ -100,7 +100,7 @@ def parse(
         return _older(text, path, overrides)
     lines = clean_lines(text)
     b = RowBuilder(FORMAT, path)
-    ns = _namespace(lines)
+    ns = _namespace(lines, path)
     args, ns_line = ns if ns else ({}, 0)
     samples = [
         Sample(line=ln.no, step=i + 1, step_time_s=float(m.group(1)))

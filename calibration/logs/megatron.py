@@ -124,10 +124,6 @@ def _join_wrapped(lines: list[Line]) -> list[Line]:
     return out
 
 
-def _float(text: str) -> float:
-    return float(text)
-
-
 def split_starts(text: str) -> tuple[list[Start], int]:
     """Splits a log into starts of the program; also returns the duplicate rank lines dropped."""
     starts: list[Start] = [Start()]
@@ -182,7 +178,7 @@ def split_starts(text: str) -> tuple[list[Start], int]:
         cur.first_line = cur.first_line or ln.no
         cur.last_line = ln.no
         if m := _TFLOPS.search(t):
-            cur.tflops[ln.no] = _float(m.group(1))
+            cur.tflops[ln.no] = float(m.group(1))
         if m := _GBS.search(t):
             cur.gbs[ln.no] = int(m.group(1))
     return [s for s in starts if s.samples or s.args], duplicates
@@ -200,7 +196,7 @@ def _sample(ln: Line, step: int, elapsed: re.Match, start: Start) -> Sample:
     else:
         steps = interval or 1
     bad = [int(m.group(1)) for r in (_SKIPPED, _NAN) if (m := r.search(ln.text))]
-    value = _float(elapsed.group(1)) / 1000.0
+    value = float(elapsed.group(1)) / 1000.0
     return Sample(line=ln.no, step=step, step_time_s=value, steps=steps, ok=not any(bad))
 
 

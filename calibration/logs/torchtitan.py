@@ -140,6 +140,9 @@ def parse(
     """
     lines = clean_lines(text)
     b = RowBuilder(FORMAT, path)
+    if toml is not None:
+        # The job config first: a value the log prints replaces it.
+        _config_from_toml(b, toml[1], toml[0])
     stretches: list[list[Sample]] = [[]]
     begins: list[int | None] = [None]  # the step each stretch starts at, when logged
     extra: dict[int, tuple[float | None, float | None, float | None]] = {}
@@ -203,8 +206,6 @@ def parse(
             b.put("hardware", hw, ln.no)
     if not any(stretches):
         raise AisimError(source=path, expected="torchtitan 'step: N  loss: ...  tps: T' lines")
-    if toml is not None:
-        _config_from_toml(b, toml[1], toml[0])
     b.apply(overrides)
     _derive(b)
     return [_timing(b, stretches, extra, skip_iterations, path)]

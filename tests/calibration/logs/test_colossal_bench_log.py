@@ -33,13 +33,15 @@ def test_step_times_after_the_scripts_own_warmup(fixture_path):
     for key, value in expected.items():
         assert row[key] == value, key
     prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))
-    assert prov["num_gpus"] == "option" and prov["model"] == "L1" and prov["zero_stage"] == "derived"
+    assert (
+        prov["num_gpus"] == "option" and prov["model"] == "L1" and prov["zero_stage"] == "derived"
+    )
 
 
 def test_skip_iterations_wins_over_ignore_steps(fixture_path):
-    (row,) = import_logs(
-        [fixture_path(LOG)], overrides={"num_gpus": 8}, skip_iterations=1
-    ).to_dict("records")
+    (row,) = import_logs([fixture_path(LOG)], overrides={"num_gpus": 8}, skip_iterations=1).to_dict(
+        "records"
+    )
     assert row["step_time_s"] == pytest.approx(statistics.mean(STEP_TIMES[1:]))
 
 

@@ -13,7 +13,9 @@ def test_step_time_from_timer_lines(fixture_path):
     text = fixture_path(LOG).read_text()
     # The first printed CurrSamplesPerSec of each global step (ranks 1 and 2 print theirs too).
     curr = {}
-    for m in re.finditer(r"global_step=(\d+), RunningAvgSamplesPerSec=\S+ CurrSamplesPerSec=([\d.]+)", text):
+    for m in re.finditer(
+        r"global_step=(\d+), RunningAvgSamplesPerSec=\S+ CurrSamplesPerSec=([\d.]+)", text
+    ):
         curr.setdefault(int(m.group(1)), float(m.group(2)))
     assert sorted(curr) == [10, 20, 30, 40, 50, 60, 70, 80]
     # Warm-up: the first of 8 lines (step 10); step 40 follows an fp16 OVERFLOW line.

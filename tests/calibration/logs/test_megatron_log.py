@@ -72,7 +72,9 @@ def test_provenance_names_lines(fixture_path):
     first, last = (int(x[1:]) for x in prov["step_time_s"].split("-"))
     assert "iteration       10/" in lines[first - 1]
     assert "iteration      100/" in lines[last - 1]
-    assert row["source"].endswith(f":L{min(int(v[1:].split('-')[0]) for v in prov.values() if v.startswith('L'))}-L{last}")
+    assert row["source"].endswith(
+        f":L{min(int(v[1:].split('-')[0]) for v in prov.values() if v.startswith('L'))}-L{last}"
+    )
 
 
 def test_wrapped_line_is_joined():

@@ -55,9 +55,9 @@ def test_toml_job_config_fills_what_the_log_lacks(tmp_path):
     toml = tmp_path / "llama3_8b.toml"
     toml.write_text(
         '[model]\nname = "llama3"\nflavor = "8B"\n\n[training]\nlocal_batch_size = 1\n'
-        'seq_len = 8192\n\n[parallelism]\ndata_parallel_shard_degree = 4\n'
-        'tensor_parallel_degree = 2\npipeline_parallel_degree = 1\n'
-        'data_parallel_replicate_degree = 1\ncontext_parallel_degree = 1\n\n'
+        "seq_len = 8192\n\n[parallelism]\ndata_parallel_shard_degree = 4\n"
+        "tensor_parallel_degree = 2\npipeline_parallel_degree = 1\n"
+        "data_parallel_replicate_degree = 1\ncontext_parallel_degree = 1\n\n"
         '[activation_checkpoint]\nmode = "full"\n'
     )
     log = tmp_path / "run.log"
