@@ -21,11 +21,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.choices import Dtype
 from perfmodel.constants import Constants, constants_from_dict
 from simbase import units
 from simbase.errors import AisimError, bad_value, suggest
+from simbase.io import read_json
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES = Dtype.labels()  # the keys of peak_tflops, in Dtype code order
 TIERS = ("intra_node", "inter_node", "wan")
 
 
@@ -99,7 +101,8 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     for key in required:
         if key not in doc:
             raise AisimError(
-                f"{where}: missing field '{key}' (see `aisim presets hardware` and README 'Adding a preset')"
+                f"{where}: missing field '{key}' (the shipped presets in "
+                "perfmodel/profiles/hardware/ show every field)"
             )
     peaks = doc["peak_tflops"]
     if not isinstance(peaks, dict):
@@ -113,7 +116,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     for dt in DTYPES:
         v = _number(where, f"peak_tflops.{dt}", peaks.get(dt), "TFLOP/s", allow_none=True)
         peak.append(0.0 if v is None else v * units.TERA)
-    if peak[0] == 0.0:
+    if peak[Dtype.FP32] == 0.0:
         raise AisimError(
             f"{where}: field 'peak_tflops.fp32' is missing: expected a positive number in TFLOP/s"
         )
@@ -182,15 +185,13 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
-    """Loads and validates a user hardware JSON file (same schema as the presets)."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AisimError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return hardware_from_dict(doc, str(path))
+    """Loads and validates a user hardware JSON file (same schema as the presets).
+
+    Raises:
+      AisimError: a missing or unreadable file, invalid JSON, or a bad field (naming the file,
+        the field, the value and the expected unit).
+    """
+    return hardware_from_dict(read_json(path, "file"), str(path))
 
 
 def load_hardware(name: str) -> Hardware:
@@ -208,5 +209,6 @@ def load_hardware(name: str) -> Hardware:
 
 
 def peak_for_dtype(spec: HardwareSpec, dtype_code) -> Float[Array, ""]:
-    """Peak FLOP/s of the tensor units for a dtype code (index into :data:`DTYPES`)."""
+    """Peak FLOP/s of the tensor units for a :class:`~perfmodel.choices.Dtype` code (0 when the
+    device lacks the dtype)."""
     return spec.peak_flops_per_s[jnp.asarray(dtype_code, jnp.int32)]

@@ -24,6 +24,7 @@ from jaxtyping import Array, Float
 
 from simbase import units
 from simbase.errors import AisimError, bad_value, suggest
+from simbase.io import read_json
 
 KINDS = ("transformer", "mlp")
 
@@ -178,15 +179,13 @@ def load_model(name: str) -> Model:
 
 
 def load_model_file(path: str | Path) -> Model:
-    """Loads and validates a user model JSON file (same schema as the presets)."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AisimError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return model_from_dict(doc, str(path))
+    """Loads and validates a user model JSON file (same schema as the presets).
+
+    Raises:
+      AisimError: a missing or unreadable file, invalid JSON, or a bad field (naming the file,
+        the field, the value and what is expected).
+    """
+    return model_from_dict(read_json(path, "file"), str(path))
 
 
 def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp") -> Model:
@@ -195,10 +194,10 @@ def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp")
     The hidden widths must be equal (``in -> h -> ... -> h -> out``), the shape the model uses.
     """
     if len(widths) < 2 or any(int(w) != w or w < 1 for w in widths):
-        raise bad_value("--widths", "widths", widths, "at least two positive integer widths")
+        raise bad_value(None, "widths", widths, "at least two positive integer widths")
     hidden = widths[1:-1] or [widths[-1]]
     if len(set(hidden)) != 1:
-        raise bad_value("--widths", "widths", widths, "equal hidden widths (in-h-...-h-out)")
+        raise bad_value(None, "widths", widths, "equal hidden widths (in-h-...-h-out)")
     doc = dict(
         kind="mlp",
         num_layers=len(widths) - 1,
@@ -208,7 +207,7 @@ def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp")
         bias=bias,
         name=name,
     )
-    return model_from_dict(doc, "--widths")
+    return model_from_dict(doc, "widths")
 
 
 MLP_STANDARD_LAYERS = 8  # layers of the standard square MLP picked by a parameter count
@@ -222,11 +221,9 @@ def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -
     try:
         n = units.parse_count(params)
     except ValueError:
-        raise bad_value(
-            "--params", "params", params, "a parameter count like 60M or 1.5B"
-        ) from None
+        raise bad_value(None, "params", params, "a parameter count like 60M or 1.5B") from None
     if n < layers:
-        raise bad_value("--params", "params", params, f"at least {layers} parameters")
+        raise bad_value(None, "params", params, f"at least {layers} parameters")
     h = max(1, round(math.sqrt(n / layers)))
     return model_from_dict(
         dict(
@@ -236,7 +233,7 @@ def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -
             bias=False,
             name=f"mlp-{units.format_count(n)}".lower(),
         ),
-        "--params",
+        "params",
     )
 
 
