@@ -1,12 +1,38 @@
 """perfmodel: closed-form step time, communication and memory of distributed training.
 
-Public API (one screen):
+Public API (one screen). Everything under ``jit`` takes one strategy with scalar leaves;
+:func:`evaluate_grid` is the one place that vectorises it. Errors are :class:`AisimError` data
+(``source``, ``field``, ``value``, ``expected``), never text about a command line.
+
+- **Loaders** (presets are JSON files shipped in ``perfmodel/profiles``): :func:`load_model`,
+  :func:`load_model_file`, :func:`model_names`, :func:`mlp_from_params`,
+  :func:`mlp_from_widths`, :func:`load_hardware`, :func:`load_hardware_file`,
+  :func:`hardware_names`, :func:`resolve_model`, :func:`resolve_hardware`; the results
+  :class:`Model` / :class:`ModelSpec`, :class:`Hardware` / :class:`HardwareSpec` and the
+  efficiencies :class:`Constants`.
+- **The strategy**: the pytree :class:`Strategy` (:func:`make_strategy`,
+  :func:`stack_strategies`, :func:`strategy_to_dict`), user knobs validated by
+  :func:`strategy_from_knobs`, and the named choices :class:`Schedule`, :class:`ZeroStage`,
+  :class:`Recompute`, :class:`Dtype`.
+- **The model**: :func:`step_time` -> :class:`StepBreakdown` (terms in
+  :data:`BREAKDOWN_TERMS`), :func:`memory_per_device` -> :class:`MemoryBreakdown`,
+  :func:`evaluate_grid` (one ``jit(vmap)``), the cost models :data:`COST_MODELS` /
+  :func:`select_step_fn`, and :func:`estimate` for one strategy end to end.
+- **The grid and the search**: :func:`enumerate_strategies` -> :class:`StrategyGrid`
+  (:func:`concat_grids`), :func:`sweep` -> :class:`SweepResult` over models × hardware, the
+  on-device reduction :func:`perfmodel.search.search` -> :class:`SearchResult`,
+  :func:`pareto_mask`, :func:`results_frame`, :func:`plot_sweep`, :func:`strategy_label`.
+- **Collectives** (alpha-beta times in seconds): :func:`all_reduce_s`, :func:`all_gather_s`,
+  :func:`reduce_scatter_s`, :func:`all_to_all_s`, :func:`p2p_s`.
 """
 
+from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
 from perfmodel.constants import Constants, constants_to_dict
+from perfmodel.cost_models import COST_MODELS, select_step_fn
 from perfmodel.estimate import Estimate, estimate, resolve_hardware, resolve_model
 from perfmodel.figures import plot_sweep
+from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
 from perfmodel.hardware import (
     Hardware,
     HardwareSpec,
@@ -14,9 +40,19 @@ from perfmodel.hardware import (
     load_hardware,
     load_hardware_file,
 )
+from perfmodel.knobs import strategy_from_knobs
 from perfmodel.memory import MemoryBreakdown, memory_per_device
+from perfmodel.report import results_frame
+from perfmodel.search import SearchResult, pareto_mask
 from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown, evaluate_grid, step_time
-from perfmodel.strategy import RECOMPUTE, SCHEDULES, Strategy, make_strategy, stack_strategies
+from perfmodel.strategy import (
+    RECOMPUTE,
+    SCHEDULES,
+    Strategy,
+    make_strategy,
+    stack_strategies,
+    strategy_to_dict,
+)
 from perfmodel.sweep import SweepResult, strategy_label, sweep
 from perfmodel.workload import (
     Model,
@@ -34,7 +70,9 @@ from simbase.errors import AisimError
 __all__ = [
     "AisimError",
     "BREAKDOWN_TERMS",
+    "COST_MODELS",
     "Constants",
+    "Dtype",
     "Estimate",
     "Hardware",
     "HardwareSpec",
@@ -42,14 +80,21 @@ __all__ = [
     "Model",
     "ModelSpec",
     "RECOMPUTE",
+    "Recompute",
     "SCHEDULES",
+    "Schedule",
+    "SearchResult",
     "StepBreakdown",
     "Strategy",
+    "StrategyGrid",
     "SweepResult",
+    "ZeroStage",
     "all_gather_s",
     "all_reduce_s",
     "all_to_all_s",
+    "concat_grids",
     "constants_to_dict",
+    "enumerate_strategies",
     "estimate",
     "evaluate_grid",
     "gpt_training_flops",
@@ -64,13 +109,18 @@ __all__ = [
     "mlp_from_widths",
     "model_names",
     "p2p_s",
+    "pareto_mask",
     "plot_sweep",
     "reduce_scatter_s",
     "resolve_hardware",
     "resolve_model",
+    "results_frame",
+    "select_step_fn",
     "stack_strategies",
     "step_time",
+    "strategy_from_knobs",
     "strategy_label",
+    "strategy_to_dict",
     "sweep",
     "total_params",
 ]
