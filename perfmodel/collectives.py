@@ -23,29 +23,78 @@ def _steps(p: ArrayLike) -> Float[Array, ""]:
 
 
 def all_reduce_s(p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike):
-    """Ring all-reduce time: ``2(p-1)·α + 2(p-1)/p · n/β`` seconds."""
+    """Ring all-reduce time: ``2(p-1)·α + 2(p-1)/p · n/β`` seconds (Thakur et al. 2005).
+
+    Args:
+      p: ranks in the group (a count; ``p <= 1`` costs nothing).
+      n_bytes: bytes of the buffer every rank holds and reduces.
+      alpha_s: per-message latency α of the link tier, seconds.
+      beta_bytes_per_s: effective bandwidth β of the link tier, bytes per second.
+
+    Returns:
+      Seconds (the shape of the broadcast arguments).
+    """
     return 2.0 * _steps(p) * alpha_s + 2.0 * _ring_factor(p) * n_bytes / beta_bytes_per_s
 
 
 def all_gather_s(p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike):
-    """Ring all-gather of an ``n``-byte result: ``(p-1)·α + (p-1)/p · n/β`` seconds."""
+    """Ring all-gather of an ``n``-byte result: ``(p-1)·α + (p-1)/p · n/β`` seconds.
+
+    Args:
+      p: ranks in the group (a count; ``p <= 1`` costs nothing).
+      n_bytes: bytes of the gathered result (each rank contributes n/p).
+      alpha_s: per-message latency α of the link tier, seconds.
+      beta_bytes_per_s: effective bandwidth β of the link tier, bytes per second.
+
+    Returns:
+      Seconds (the shape of the broadcast arguments).
+    """
     return _steps(p) * alpha_s + _ring_factor(p) * n_bytes / beta_bytes_per_s
 
 
 def reduce_scatter_s(
     p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike
 ):
-    """Ring reduce-scatter of an ``n``-byte input: ``(p-1)·α + (p-1)/p · n/β`` seconds."""
+    """Ring reduce-scatter of an ``n``-byte input: ``(p-1)·α + (p-1)/p · n/β`` seconds.
+
+    Args:
+      p: ranks in the group (a count; ``p <= 1`` costs nothing).
+      n_bytes: bytes of each rank's input (each keeps n/p reduced).
+      alpha_s: per-message latency α of the link tier, seconds.
+      beta_bytes_per_s: effective bandwidth β of the link tier, bytes per second.
+
+    Returns:
+      Seconds (the shape of the broadcast arguments).
+    """
     return _steps(p) * alpha_s + _ring_factor(p) * n_bytes / beta_bytes_per_s
 
 
 def all_to_all_s(p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike):
-    """Pairwise all-to-all of ``n`` bytes per rank: ``(p-1)·α + (p-1)/p · n/β`` seconds."""
+    """Pairwise all-to-all of ``n`` bytes per rank: ``(p-1)·α + (p-1)/p · n/β`` seconds.
+
+    Args:
+      p: ranks in the group (a count; ``p <= 1`` costs nothing).
+      n_bytes: bytes each rank holds (it sends n/p to every other rank).
+      alpha_s: per-message latency α of the link tier, seconds.
+      beta_bytes_per_s: effective bandwidth β of the link tier, bytes per second.
+
+    Returns:
+      Seconds (the shape of the broadcast arguments).
+    """
     return _steps(p) * alpha_s + _ring_factor(p) * n_bytes / beta_bytes_per_s
 
 
 def p2p_s(n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike):
-    """One point-to-point send: ``α + n/β`` seconds."""
+    """One point-to-point send: ``α + n/β`` seconds.
+
+    Args:
+      n_bytes: bytes sent.
+      alpha_s: latency α of the link tier, seconds.
+      beta_bytes_per_s: effective bandwidth β of the link tier, bytes per second.
+
+    Returns:
+      Seconds.
+    """
     return alpha_s + n_bytes / beta_bytes_per_s
 
 
@@ -68,7 +117,17 @@ def link_params(
     latency_s: Float[Array, " tiers"],
     bandwidth_efficiency: Float[Array, " tiers"],
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """Effective ``(alpha_s, beta_bytes_per_s)`` of a tier index into the per-tier arrays."""
+    """Effective ``(alpha_s, beta_bytes_per_s)`` of a tier index into the per-tier arrays.
+
+    Args:
+      tier: 0 intra-node, 1 inter-node, 2 WAN (:func:`tier_of_group`).
+      bandwidth_bytes_per_s: nominal bandwidth of each tier, bytes per second.
+      latency_s: α of each tier, seconds (calibrated).
+      bandwidth_efficiency: achieved fraction of the nominal bandwidth of each tier.
+
+    Returns:
+      ``(alpha_s, beta_bytes_per_s)`` of the tier.
+    """
     tier = jnp.asarray(tier, jnp.int32)
     beta = bandwidth_bytes_per_s[tier] * bandwidth_efficiency[tier]
     return latency_s[tier], beta

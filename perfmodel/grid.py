@@ -327,6 +327,17 @@ def enumerate_strategies(
     :class:`~perfmodel.choices.Schedule`, :class:`~perfmodel.choices.Recompute` and
     :class:`~perfmodel.choices.Dtype`.
 
+    Args:
+      num_layers, num_heads, num_kv_heads: the model's shape (an MLP: its layers, and its
+        hidden size as both head counts).
+      num_gpus, global_batch: the sweep points (one value or several; every pair is searched).
+      gpus_per_node: devices per node (tp stays within one unless ``allow_cross_node_tp``).
+      tp, pp, micro_batch, interleave, zero: the values to try (``None``: all that can work).
+      schedule, recompute, dtype: labels or codes to try.
+      sequence_parallel, dp_overlap, fused_attention: the switch settings to try.
+      allow_cross_node_tp: let tensor-parallel groups span nodes.
+      supported_dtypes: the dtypes the hardware has (others are pruned), or ``None``.
+
     Returns:
       A :class:`StrategyGrid`; ``rejected`` counts the pruned (dp, tp, pp) factorisations and
       the pruned values that the caller asked for, by reason.

@@ -100,7 +100,20 @@ def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
 
 
 def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
-    """Bytes per device of the first pipeline stage (the peak), by part."""
+    """Bytes per device of the first pipeline stage (the peak), by part.
+
+    Model states per parameter from :func:`model_state_bytes_per_param`, each divided by dp
+    once ZeRO partitions it (Rajbhandari et al. 2020); activations from
+    :func:`activation_bytes_per_layer` (Korthikanti et al. 2022 §4) times the stage's layers
+    times the microbatches in flight, plus the fp32 logits when one stage holds the whole model.
+
+    Args:
+      m: model dimensions.
+      s: one strategy (scalar leaves; vmap for many).
+
+    Returns:
+      A :class:`MemoryBreakdown` in bytes.
+    """
     p = stage_params(m, s)
     w_b, g_b, o_b = model_state_bytes_per_param(s.dtype)
     z = s.zero_stage

@@ -66,7 +66,16 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
 
 
 def results_frame(s: Strategy, out: StepBreakdown) -> pd.DataFrame:
-    """One row per strategy: knobs, then every result column."""
+    """One row per strategy: knobs, then every result column.
+
+    Args:
+      s: strategies with leaves of shape ``(n,)`` (or scalars for one).
+      out: their :class:`~perfmodel.step_time.StepBreakdown`, same shape.
+
+    Returns:
+      A DataFrame with the knob columns (choices by label, switches as booleans) and every
+      result column (seconds, bytes, FLOPs; ``memory_*`` for the memory parts).
+    """
     s_cols = strategy_columns(s)
     n = len(np.atleast_1d(s_cols["dp"]))
     data = {k: np.atleast_1d(v) for k, v in s_cols.items()}

@@ -63,7 +63,15 @@ def pareto_mask(
     """Rows that no other row beats: none with ``cost <=`` and ``gain >`` (ties: the first).
 
     Sort by cost (then gain, descending) and keep the rows whose gain exceeds the running
-    maximum of the rows before them. Works on jax or numpy arrays.
+    maximum of the rows before them. Works on jax or numpy arrays, inside ``jit`` too.
+
+    Args:
+      cost: what to minimise per row (e.g. bytes per device).
+      gain: what to maximise per row (e.g. tokens per second).
+      ok: rows that may be on the front (infeasible rows never are).
+
+    Returns:
+      A boolean mask of the front's rows.
     """
     cost = jnp.where(ok, cost, jnp.inf)
     gain = jnp.where(ok, gain, -jnp.inf)

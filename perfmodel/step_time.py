@@ -103,7 +103,18 @@ def _divides(d, n):
 
 
 def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
-    """Divisibility and support checks of a strategy, as a boolean (never an exception)."""
+    """Divisibility and support checks of a strategy, as a boolean (never an exception).
+
+    Args:
+      m: model dimensions.
+      hw: the device (a dtype it has no peak for is unsupported).
+      s: one strategy.
+
+    Returns:
+      ``True`` when the degrees are positive, tp divides the heads (the hidden units of an
+      MLP), pp is at most the layers, the interleaved schedule's chunks, layers and microbatches
+      divide as Narayanan et al. SC21 §2.2.2 needs, and the dtype is supported.
+    """
     ok = (
         (s.dp >= 1)
         & (s.tp >= 1)

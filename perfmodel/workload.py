@@ -192,6 +192,17 @@ def mlp_from_widths(widths: list[int], *, bias: bool = False, name: str = "mlp")
     """A generic MLP from its layer widths, e.g. ``[784, 200, 200, 10]``.
 
     The hidden widths must be equal (``in -> h -> ... -> h -> out``), the shape the model uses.
+
+    Args:
+      widths: input, hidden and output widths (at least two).
+      bias: whether the layers have biases.
+      name: the model's name in reports.
+
+    Returns:
+      A :class:`Model` of kind ``"mlp"``.
+
+    Raises:
+      AisimError: ``field="widths"`` for fewer than two or unequal hidden widths.
     """
     if len(widths) < 2 or any(int(w) != w or w < 1 for w in widths):
         raise bad_value(None, "widths", widths, "at least two positive integer widths")
@@ -217,6 +228,16 @@ def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -
     """The standard square, bias-free MLP (DistIR's shape) with about ``params`` parameters.
 
     ``layers`` square ``h × h`` layers with ``h = round(sqrt(params / layers))``.
+
+    Args:
+      params: a parameter count, as a number or text such as ``"60M"`` or ``"1.5B"``.
+      layers: square layers.
+
+    Returns:
+      A :class:`Model` of kind ``"mlp"`` named ``mlp-<count>``.
+
+    Raises:
+      AisimError: ``field="params"`` for an unreadable or too small count.
     """
     try:
         n = units.parse_count(params)
@@ -384,6 +405,14 @@ def gpt_training_flops(m: ModelSpec, global_batch, recompute_full) -> Float[Arra
 
     ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))`` without recomputation and
     ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` with full recomputation.
+
+    Args:
+      m: a transformer's dimensions (s, l, h, V).
+      global_batch: samples per step (B).
+      recompute_full: > 0 for full activation recomputation (an extra forward pass).
+
+    Returns:
+      FLOPs per step.
     """
     B, s, l, h, V = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
     plain = 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
