@@ -158,7 +158,7 @@ def _derive(b: RowBuilder, path: str) -> None:
         b.setdefault("dtype", "fp16" if plugin.startswith("fsdp") else "bf16", "derived")
     elif plugin:
         b.setdefault("dtype", "bf16", "derived")
-    n = b.require("num_gpus", "the world size (number of GPUs); benchmark.py does not print it")
+    n = b.require("num_gpus", "the number of GPUs (world size)")
     tp, pp = b.get("tp"), b.get("pp")
     if n % (tp * pp):
         raise AisimError(
@@ -167,7 +167,7 @@ def _derive(b: RowBuilder, path: str) -> None:
     b.setdefault("dp", n // (tp * pp), "derived")
     per_dp = b.get("batch_size_per_dp")
     if b.get("global_batch_size") is None:
-        b.require("batch_size_per_dp", "the batch size per data-parallel rank")
+        b.require("batch_size_per_dp", "the batch size", via="global_batch_size")
         b.put("global_batch_size", per_dp * b.get("dp"), "derived")
     mbs = b.get("mbs")
     if pp > 1 and mbs and per_dp and per_dp % mbs == 0:

@@ -191,6 +191,6 @@ def _derive(b: RowBuilder) -> None:
             b.put("num_gpus", b.get("dp") * mp, "derived")
         else:
             b.put("num_gpus", b.get("dp") * b.get("tp") * b.get("pp"), "derived")
-    b.require("num_gpus", "the world size (number of GPUs)")
+    b.require("num_gpus", "the number of GPUs (world size)")
     b.require("global_batch_size", "the global batch size (train_batch_size)")
-    b.require("model", "the model; DeepSpeed does not print it")
+    b.require("model", "the model (DeepSpeed does not print it)")

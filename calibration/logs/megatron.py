@@ -129,16 +129,14 @@ def split_starts(text: str) -> tuple[list[Start], int]:
     starts: list[Start] = [Start()]
     in_args = False
     reporting_rank: str | None = None
-    seen: set[int] = set()
     duplicates = 0
-    padded: tuple[int, int] | None = None
     for ln in _join_wrapped(clean_lines(text)):
         t = ln.text
         if ARGS_START.search(t):
             if starts[-1].args or starts[-1].samples:
                 starts.append(Start())
             starts[-1].first_line = starts[-1].first_line or ln.no
-            in_args, reporting_rank, seen = True, None, set()
+            in_args, reporting_rank = True, None
             continue
         if in_args:
             if _ARGS_END.search(t):
@@ -147,10 +145,9 @@ def split_starts(text: str) -> tuple[list[Start], int]:
                 starts[-1].args[m.group(1)] = (parse_scalar(m.group(2)), ln.no)
             continue
         if m := _PADDED.search(t):
-            padded = (int(m.group(2)), ln.no)
-            starts[-1].args.setdefault("padded_vocab_size", padded)
-            if starts[-1].args["padded_vocab_size"][0] is None:
-                starts[-1].args["padded_vocab_size"] = padded
+            # padded_vocab_size is set after the arguments are printed (as None).
+            if starts[-1].args.get("padded_vocab_size", (None,))[0] is None:
+                starts[-1].args["padded_vocab_size"] = (int(m.group(2)), ln.no)
             continue
         if m := _WORLD.search(t):
             for name, g in (("world_size", 1), ("data_parallel_size", 2),
@@ -165,15 +162,14 @@ def split_starts(text: str) -> tuple[list[Start], int]:
         step = int(it.group(1))
         if reporting_rank is None:
             reporting_rank = ln.rank
-        if ln.rank != reporting_rank or step in seen:
-            duplicates += ln.rank != reporting_rank
+        if ln.rank != reporting_rank:
+            duplicates += 1
             continue
         cur = starts[-1]
         if cur.samples and step <= cur.samples[-1].step:
             # The iteration count went back without an arguments block: a restart.
             starts.append(Start(args=dict(cur.args), first_line=ln.no))
-            cur, seen = starts[-1], set()
-        seen.add(step)
+            cur = starts[-1]
         cur.samples.append(_sample(ln, step, el, cur))
         cur.first_line = cur.first_line or ln.no
         cur.last_line = ln.no
@@ -188,9 +184,10 @@ def _sample(ln: Line, step: int, elapsed: re.Match, start: Start) -> Sample:
     interval = start.args.get("log_interval", (None,))[0]
     if start.samples:
         prev = start.samples[-1]
-        # training_log does not reset its timer after the first-iteration line.
-        base = prev.step - prev.steps if prev.steps == 1 and prev is start.samples[0] else prev.step
-        steps = step - base
+        after_first = prev is start.samples[0] and interval and prev.step % interval
+        # training_log does not reset its timer after the first-iteration line, so the next line
+        # covers that iteration again.
+        steps = step - (prev.step - 1 if after_first else prev.step)
     elif interval and step % interval:
         steps = 1  # the line printed after the first iteration of a start
     else:
@@ -252,12 +249,12 @@ def _config(b: RowBuilder, args: Mapping[str, tuple[Any, int]]) -> None:
 
 def _derive(b: RowBuilder) -> None:
     tp, pp, cp = b.get("tp", 1), b.get("pp", 1), b.get("cp", 1)
-    n = b.require("num_gpus", "the world size (number of GPUs)")
+    n = b.require("num_gpus", "the number of GPUs (world size)")
     if b.get("dp") is None and cp == 1 and n % (tp * pp) == 0:
         b.put("dp", n // (tp * pp), "derived")
     if b.get("model") is None:
-        b.require("num_layers", "the model shape (number of layers)")
-        b.require("hidden_size", "the model shape (hidden size)")
+        b.require("num_layers", "the model shape (number of layers)", via="model")
+        b.require("hidden_size", "the model shape (hidden size)", via="model")
         b.put("model", "custom", "derived")
     gbs = b.require("global_batch_size", "the global batch size")
     mbs, dp = b.get("micro_batch_size"), n // (tp * pp * cp) if n % (tp * pp * cp) == 0 else None

@@ -217,13 +217,14 @@ class RowBuilder:
             if value is not None:
                 self.put(field, value, "option")
 
-    def require(self, field: str, expected: str) -> Any:
-        """The value of ``field``, or an error naming it (the front end names its option)."""
+    def require(self, field: str, expected: str, via: str | None = None) -> Any:
+        """The value of ``field``, or an error naming it and the override that supplies it
+        (``via``, default the field itself; the front end names its option)."""
         value = self.values.get(field)
         if value is None:
             raise AisimError(
-                source=self.path, field=field, expected=f"{expected}; not in the log",
-                hint="pass {" + field + "}",
+                source=self.path, field=field, expected=f"{expected}, not in the log",
+                hint="pass {" + (via or field) + "}",
             )  # fmt: skip
         return value
 

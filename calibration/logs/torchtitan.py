@@ -224,7 +224,7 @@ def _derive(b: RowBuilder) -> None:
     degrees = [b.get(k) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")]
     if b.get("num_gpus") is None and all(d is not None for d in degrees):
         b.put("num_gpus", math.prod(degrees), "derived")
-    n = b.require("num_gpus", "the world size (number of GPUs)")
+    n = b.require("num_gpus", "the number of GPUs (world size)")
     for col in ("tp", "pp", "cp"):
         b.setdefault(col, 1, "default")
     if b.get("cp") == 1 and n % (b.get("tp") * b.get("pp")) == 0:

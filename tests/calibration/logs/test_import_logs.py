@@ -121,3 +121,22 @@ def test_canonical_columns_first_meta_last(fixture_path):
                          "source", "provenance"]  # fmt: skip
     assert re.fullmatch(r".*megatron_gpt_tp2_pp2\.log:L\d+-L\d+", df["source"][0])
     assert isinstance(df, pd.DataFrame)
+
+
+def test_megatron_without_shape_asks_for_a_model(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(
+        "------------------------ arguments ------------------------\n"
+        "  global_batch_size ............................... 8\n"
+        "  world_size ...................................... 8\n"
+        "-------------------- end of arguments ---------------------\n"
+        " iteration       10/     100 | elapsed time per iteration (ms): 900.0 | global batch"
+        " size:     8 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+        " iteration       20/     100 | elapsed time per iteration (ms): 800.0 | global batch"
+        " size:     8 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+    with pytest.raises(AisimError) as e:
+        import_logs([log])
+    assert e.value.field == "num_layers" and e.value.hint == "pass {model}"
+    (row,) = import_logs([log], overrides={"model": "gpt3-1.3b"}).to_dict("records")
+    assert row["model"] == "gpt3-1.3b" and row["step_time_s"] == pytest.approx(0.8)

@@ -115,3 +115,37 @@ def test_batch_size_rampup_lines_left_out():
     (row,) = megatron.parse(text, "m.log", {}, skip_iterations=0)
     assert row["step_time_s"] == pytest.approx(1.005)
     assert row["bad_lines_skipped"] == 2
+
+
+def _head(interval):
+    return (
+        "------------------------ arguments ------------------------\n"
+        "  global_batch_size ............................... 8\n"
+        f"  log_interval .................................... {interval}\n"
+        "  world_size ...................................... 8\n"
+        "  num_layers ...................................... 2\n"
+        "  hidden_size ..................................... 64\n"
+        "-------------------- end of arguments ---------------------\n"
+    )
+
+
+def _it(i, ms):
+    return (
+        f" iteration {i:8d}/     100 | elapsed time per iteration (ms): {ms:.1f} | global batch"
+        " size:     8 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+
+
+def test_restart_without_arguments_block_is_a_new_start():
+    # The count goes back from 30 to 20: a new start, whose first line is warm-up again.
+    text = _head(10) + _it(10, 900) + _it(20, 500) + _it(30, 520) + _it(20, 950) + _it(30, 510)
+    (row,) = megatron.parse(text, "m.log", {}, None)
+    assert row["step_time_s"] == pytest.approx((0.5 + 0.52 + 0.51) / 3)
+    assert row["warmup_lines_skipped"] == 2 and row["iterations_averaged"] == 30
+
+
+def test_log_interval_one_lines_cover_one_iteration():
+    text = _head(1) + "".join(_it(i, 100 * i) for i in range(1, 6))
+    (row,) = megatron.parse(text, "m.log", {}, None)
+    assert row["iterations_averaged"] == 4  # lines 2..5, one iteration each
+    assert row["step_time_s"] == pytest.approx(0.35)
