@@ -92,6 +92,15 @@ def _number(where: str, field: str, value: Any, unit: str, *, allow_none=False, 
 def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     """Validates a hardware description (the JSON schema of the presets) and converts it to SI.
 
+    Args:
+      doc: the parsed JSON (peak_tflops per dtype, memory_bandwidth_gb_per_s,
+        memory_capacity_gib, links per tier, optional constants, price and gpus_per_node).
+      where: the source named in errors (a file path).
+
+    Returns:
+      A :class:`Hardware`: the SI :class:`HardwareSpec` (FLOP/s, bytes/s, bytes, seconds) and
+      the preset's default :class:`~perfmodel.constants.Constants`.
+
     Raises:
       AisimError: naming ``where``, the field, the bad value and the expected unit.
     """
@@ -196,6 +205,12 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
 def load_hardware(name: str) -> Hardware:
     """Loads a shipped preset by name, case-insensitively (``A100-80GB`` == ``a100-80gb``).
+
+    Args:
+      name: a name in :func:`hardware_names`.
+
+    Returns:
+      The validated :class:`Hardware`.
 
     Raises:
       AisimError: unknown name, with the closest names suggested.

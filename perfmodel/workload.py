@@ -111,7 +111,18 @@ def _get(where: str, doc: dict, key: str, *, minimum: float = 1.0, default: Any 
 
 
 def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
-    """Validates a model description (schema of the presets) and builds a :class:`Model`."""
+    """Validates a model description (schema of the presets) and builds a :class:`Model`.
+
+    Args:
+      doc: the parsed JSON (``kind`` transformer or mlp, and its dimensions).
+      where: the source named in errors (a file path).
+
+    Returns:
+      A :class:`Model` whose :class:`ModelSpec` holds float32 dimensions.
+
+    Raises:
+      AisimError: naming ``where``, the field, the bad value and what is expected.
+    """
     if not isinstance(doc, dict):
         raise AisimError(f"{where}: expected a JSON object with model fields")
     kind = str(doc.get("kind", "transformer")).lower()
@@ -169,7 +180,17 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
 
 
 def load_model(name: str) -> Model:
-    """Loads a shipped model preset by name, case-insensitively (``gpt3-175B`` works)."""
+    """Loads a shipped model preset by name, case-insensitively (``gpt3-175B`` works).
+
+    Args:
+      name: a name in :func:`model_names`.
+
+    Returns:
+      The validated :class:`Model`.
+
+    Raises:
+      AisimError: unknown name, with the closest names suggested.
+    """
     key = name.strip().lower()
     names = model_names()
     if key not in names:
