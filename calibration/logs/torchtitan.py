@@ -15,15 +15,17 @@ through the ``[titan] <time> - root - INFO - <message>`` logger, with ANSI colou
 
 The step time of a line is ``global_batch_size · seq_len / (tps · num_gpus)``: torchtitan divides
 each data-parallel rank's tokens by the time and by the non-data-parallel degree
-(``tps = ntokens / (time · cp·tp·pp)``). A ``.toml`` job config given with the logs fills what
-the log lacks (``[model]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``,
-``[metrics]``); the log wins where both have a value. Every rank may print the step lines: the
+(``tps = ntokens / (time · cp·tp·pp)``). The job config is read from a ``.toml`` file given with
+the logs, and from ``Running with args: {...}`` (``--job.print_args``, 2024-2025 versions):
+``[model]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[metrics]``; a
+line the log prints later wins over it, and the printed dict over the file. Every rank may print the step lines: the
 first rank that printed one is used. A ``Training starts at step`` line, or a step count that
 goes back, starts a new stretch whose warm-up is dropped again.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -39,7 +41,7 @@ from calibration.logs.rows import (
     line_range,
     summarise,
 )
-from calibration.measurements import preset_name
+from calibration.measurements import DTYPES, preset_name
 from simbase.errors import AisimError
 
 FORMAT = "torchtitan"
@@ -54,6 +56,7 @@ _BUILD = re.compile(r"Building (\S+) (\S+) ?with (\{.*)")
 _TRAINER = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
 _AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
 _FSDP_MP = "Mixed precision training is handled by fully_shard"
+_PRINTED_ARGS = re.compile(r"Running with args: (\{.*\})\s*$")
 _STARTS = re.compile(r"Training starts at step (\d+)")
 _DEVICE = re.compile(r"(?:CUDA|GPU) capacity: (.+?) with ([\d.]+)GiB memory")
 FLOP_CONVENTION = "torchtitan num_flops_per_token (6N + attention, PaLM) per device"
@@ -81,28 +84,29 @@ def read_toml(path: str, text: str) -> dict[str, Any]:
         raise AisimError(f"{path}: not a readable TOML job config ({e})") from None
 
 
-def _config_from_toml(b: RowBuilder, cfg: Mapping[str, Any], path: str) -> None:
-    """Fills what the log left blank from a job config (origin: the TOML file)."""
+def _job_config(b: RowBuilder, cfg: Mapping[str, Any], origin: int | str) -> None:
+    """Values of a job config (a TOML file, or the dict printed as ``Running with args:``).
+
+    Read before the lines that follow it, which replace what they also print.
+    """
     model, training = cfg.get("model", {}), cfg.get("training", {})
     par = cfg.get("parallelism", {}) or training  # old configs kept the degrees in [training]
     if model.get("name") and model.get("flavor"):
-        b.setdefault("model", preset_name(f"{model['name']}-{model['flavor']}"), path)
-    b.setdefault("seq_len", training.get("seq_len"), path)
-    local = training.get("local_batch_size", training.get("batch_size"))
-    b.setdefault("local_batch_size", local, path)
+        b.put("model", preset_name(f"{model['name']}-{model['flavor']}"), origin)
+    b.put("seq_len", training.get("seq_len"), origin)
+    b.put("local_batch_size", training.get("local_batch_size", training.get("batch_size")), origin)
     gbs = training.get("global_batch_size")
-    b.setdefault("global_batch_size", gbs if gbs and gbs > 0 else None, path)
+    b.put("global_batch_size", gbs if gbs and gbs > 0 else None, origin)
     names = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
              "cp": "context_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
              "dp_shard": "data_parallel_shard_degree"}  # fmt: skip
     for col, key in names.items():
         v = par.get(key)
-        b.setdefault(col, v if v is None or v > 0 else None, path)
-    ac = cfg.get("activation_checkpoint", {}).get("mode")
-    b.setdefault("recompute", ac, path)
+        b.put(col, v if v is None or v > 0 else None, origin)  # -1: the rest of the world
+    b.put("recompute", cfg.get("activation_checkpoint", {}).get("mode"), origin)
     mp = par.get("mixed_precision_param", training.get("mixed_precision_param"))
-    b.setdefault("dtype", mp, path)
-    b.setdefault("log_freq", cfg.get("metrics", {}).get("log_freq"), path)
+    b.put("dtype", DTYPES.get(str(mp).lower(), mp) if mp else None, origin)
+    b.put("log_freq", cfg.get("metrics", {}).get("log_freq"), origin)
 
 
 def _model_json(lines: list, i: int) -> tuple[dict[str, Any], int]:
@@ -142,7 +146,7 @@ def parse(
     b = RowBuilder(FORMAT, path)
     if toml is not None:
         # The job config first: a value the log prints replaces it.
-        _config_from_toml(b, toml[1], toml[0])
+        _job_config(b, toml[1], toml[0])
     stretches: list[list[Sample]] = [[]]
     begins: list[int | None] = [None]  # the step each stretch starts at, when logged
     extra: dict[int, tuple[float | None, float | None, float | None]] = {}
@@ -178,6 +182,11 @@ def parse(
                 stretches.append([])
                 begins.append(None)
             begins[-1] = int(m.group(1))
+        elif m := _PRINTED_ARGS.search(t):
+            try:
+                _job_config(b, ast.literal_eval(m.group(1)), ln.no)
+            except (ValueError, SyntaxError):
+                pass  # a cut-off or edited dict: the other start-up lines still count
         elif m := _MESH.search(t):
             for part in m.group(1).split(","):
                 k, _, v = part.strip().partition("=")

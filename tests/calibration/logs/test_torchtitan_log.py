@@ -73,3 +73,38 @@ def test_toml_job_config_fills_what_the_log_lacks(tmp_path):
     assert row["model"] == "llama3-8b" and row["recompute"] == "full"
     prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))
     assert prov["seq_len"] == str(toml) and prov["num_gpus"] == "derived"
+
+
+def test_printed_job_config(tmp_path):
+    # torchtitan 2024-2025 with --job.print_args: the whole config as a dict on one line.
+    args = {
+        "job": {"description": "Llama 3 8B training", "print_args": True},
+        "model": {"name": "llama3", "flavor": "8B"},
+        "metrics": {"log_freq": 5},
+        "training": {"batch_size": 2, "seq_len": 4096, "data_parallel_replicate_degree": 1,
+                     "data_parallel_shard_degree": -1, "tensor_parallel_degree": 2,
+                     "pipeline_parallel_degree": 1, "context_parallel_degree": 1,
+                     "mixed_precision_param": "bfloat16"},
+        "activation_checkpoint": {"mode": "full", "selective_ac_option": "2"},
+    }  # fmt: skip
+    log = tmp_path / "run.log"
+    log.write_text(
+        f"[titan] 2025-01-10 10:00:00,000 - root - INFO - Running with args: {args!r}\n"
+        "[titan] 2025-01-10 10:00:01,000 - root - INFO - Building 2-D device mesh with"
+        " ['dp_shard', 'tp'], [4, 2]\n"
+        "[titan] 2025-01-10 10:00:10,000 - root - INFO - step:  1  loss: 12.0  memory: 40.00GiB"
+        "(50.00%)  tps: 1,000  mfu: 5.00%\n"
+        "[titan] 2025-01-10 10:00:20,000 - root - INFO - step:  5  loss: 11.0  memory: 40.00GiB"
+        "(50.00%)  tps: 2,048  mfu: 10.00%\n"
+        "[titan] 2025-01-10 10:00:30,000 - root - INFO - step: 10  loss: 10.0  memory: 40.00GiB"
+        "(50.00%)  tps: 1,024  mfu: 10.00%\n"
+    )
+    (row,) = import_logs([log]).to_dict("records")
+    # dp_shard -1 in the config; the mesh line says 4: 8 GPUs, dp 4, global batch 2·4 = 8.
+    assert (row["num_gpus"], row["dp"], row["global_batch_size"]) == (8, 4, 8)
+    assert row["model"] == "llama3-8b" and row["recompute"] == "full" and row["dtype"] == "bf16"
+    # Lines at 5 (steps 2..5) and 10 (6..10): 8·4096/(tps·8) s; warm-up: the step-1 line.
+    t5, t10 = 8 * 4096 / (2048 * 8), 8 * 4096 / (1024 * 8)
+    assert row["step_time_s"] == pytest.approx((4 * t5 + 5 * t10) / 9)
+    prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))
+    assert prov["seq_len"] == "L1" and prov["dp_shard"] == "L2"
