@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from aisim.console import console, guard, print_json
-from perfmodel.hardware import DTYPES, hardware_names, load_hardware
-from perfmodel.workload import load_model, model_names, total_params
+from aisim.console import fitted_table, guard, print_json, print_table
+from perfmodel import Dtype, hardware_names, load_hardware, load_model, model_names, total_params
 from simbase import units
 from simbase.errors import AisimError
 
@@ -21,9 +19,9 @@ def hardware_rows() -> list[dict]:
         hw = load_hardware(name)
         s = hw.spec
         row = {"name": name, "description": hw.description}
-        for i, dt in enumerate(DTYPES):
-            v = float(s.peak_flops_per_s[i])
-            row[f"peak_{dt}_tflops"] = v / units.TERA if v > 0 else None
+        for dt in Dtype:
+            v = float(s.peak_flops_per_s[int(dt)])
+            row[f"peak_{dt.label}_tflops"] = v / units.TERA if v > 0 else None
         row.update(
             memory_gib=float(s.memory_capacity_bytes) / units.GIB,
             memory_bandwidth_gb_per_s=float(s.memory_bandwidth_bytes_per_s) / units.GIGA,
@@ -62,8 +60,80 @@ def model_rows() -> list[dict]:
     return rows
 
 
+HARDWARE_HEADERS = (
+    "name",
+    "bf16 TFLOP/s",
+    "fp8 TFLOP/s",
+    "HBM GiB",
+    "HBM GB/s",
+    "NVLink GB/s",
+    "IB GB/s/GPU",
+    "$/h",
+)
+HARDWARE_DROP = ("$/h", "IB GB/s/GPU", "NVLink GB/s", "HBM GB/s", "fp8 TFLOP/s")
+MODEL_HEADERS = ("name", "kind", "params", "layers", "hidden", "heads", "kv", "seq", "vocab")
+MODEL_DROP = ("kv", "vocab", "kind", "seq", "heads")
+
+
+def hardware_table(rows: list[dict], *, wide: bool = False):
+    """The hardware presets for people (peak bf16, or fp16 where there is no bf16)."""
+    cells = [
+        [
+            r["name"],
+            _f(r["peak_bf16_tflops"] or r["peak_fp16_tflops"]),
+            _f(r["peak_fp8_tflops"]),
+            _f(r["memory_gib"]),
+            _f(r["memory_bandwidth_gb_per_s"]),
+            _f(r["intra_node_gb_per_s"]),
+            _f(r["inter_node_gb_per_s"]),
+            _f(r["price_per_device_hour_usd"]),
+        ]
+        for r in rows
+    ]
+    return fitted_table(
+        HARDWARE_HEADERS,
+        cells,
+        drop=HARDWARE_DROP,
+        left=("name",),
+        wide=wide,
+        title="hardware presets",
+        title_justify="center",
+    )
+
+
+def model_table(rows: list[dict], *, wide: bool = False):
+    """The model presets for people."""
+    cells = [
+        [
+            r["name"],
+            r["kind"],
+            units.format_count(r["params"]),
+            str(r["num_layers"]),
+            str(r["hidden_size"]),
+            *(
+                str(r[k]) if r[k] is not None else "-"
+                for k in ("num_heads", "num_kv_heads", "seq_len", "vocab_size")
+            ),
+        ]
+        for r in rows
+    ]
+    return fitted_table(
+        MODEL_HEADERS,
+        cells,
+        drop=MODEL_DROP,
+        left=("name", "kind"),
+        wide=wide,
+        title="model presets",
+        title_justify="center",
+    )
+
+
 def presets(
     kind: Annotated[str, typer.Argument(help="hardware or models (default: both)")] = "all",
+    wide: Annotated[
+        bool,
+        typer.Option("--wide", help="Show every column, even wider than the terminal."),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """List the shipped hardware and model presets."""
@@ -80,57 +150,9 @@ def presets(
             print_json(doc)
             return
         if "hardware" in doc:
-            t = Table(title="hardware presets")
-            for col in (
-                "name",
-                "bf16 TFLOP/s",
-                "fp8 TFLOP/s",
-                "HBM GiB",
-                "HBM GB/s",
-                "NVLink GB/s",
-                "IB GB/s/GPU",
-                "$/h",
-            ):
-                t.add_column(col, justify="right")
-            for r in doc["hardware"]:
-                t.add_row(
-                    r["name"],
-                    _f(r["peak_bf16_tflops"] or r["peak_fp16_tflops"]),
-                    _f(r["peak_fp8_tflops"]),
-                    _f(r["memory_gib"]),
-                    _f(r["memory_bandwidth_gb_per_s"]),
-                    _f(r["intra_node_gb_per_s"]),
-                    _f(r["inter_node_gb_per_s"]),
-                    _f(r["price_per_device_hour_usd"]),
-                )
-            console.print(t)
+            print_table(hardware_table(doc["hardware"], wide=wide), wide=wide)
         if "models" in doc:
-            t = Table(title="model presets")
-            for col in (
-                "name",
-                "kind",
-                "params",
-                "layers",
-                "hidden",
-                "heads",
-                "kv",
-                "seq",
-                "vocab",
-            ):
-                t.add_column(col, justify="right")
-            for r in doc["models"]:
-                t.add_row(
-                    r["name"],
-                    r["kind"],
-                    units.format_count(r["params"]),
-                    str(r["num_layers"]),
-                    str(r["hidden_size"]),
-                    *(
-                        str(r[k]) if r[k] is not None else "-"
-                        for k in ("num_heads", "num_kv_heads", "seq_len", "vocab_size")
-                    ),
-                )
-            console.print(t)
+            print_table(model_table(doc["models"], wide=wide), wide=wide)
 
 
 def _f(v) -> str:

@@ -65,11 +65,20 @@ def main() -> None:
     import jax
     import numpy as np
 
-    from aisim.perf_grid import run_grid
-    from perfmodel import load_hardware, load_model, make_strategy, step_time
+    from perfmodel import (
+        StrategyGrid,
+        enumerate_strategies,
+        evaluate_grid,
+        load_hardware,
+        load_model,
+        make_strategy,
+        step_time,
+        sweep,
+    )
+
+    # the on-device reduction's parts, timed one by one (internals, not public API)
     from perfmodel import search as srch
-    from perfmodel.step_time import evaluate_grid
-    from perfmodel.strategy import KNOBS, StrategyGrid, enumerate_strategies
+    from perfmodel.step_time import _evaluate_grid
 
     m, hw = load_model("gpt3-175b"), load_hardware("a100-80gb")
     spec = m.spec
@@ -102,8 +111,6 @@ def main() -> None:
         return min(times)
 
     # 1a. all outputs, arrays already on the device (evaluate_grid places them; reuse them)
-    from perfmodel.step_time import _evaluate_grid
-
     sharding = jax.sharding.NamedSharding(
         jax.sharding.Mesh(np.asarray(jax.devices()), ("n",)), jax.sharding.PartitionSpec("n")
     )
@@ -148,7 +155,7 @@ def main() -> None:
     one = jax.jit(step_time)
     rng = np.random.default_rng(0)
     sample = [
-        make_strategy(**{k: float(grid.columns[k][i]) for k in KNOBS})
+        make_strategy(**{k: float(v[i]) for k, v in grid.columns.items()})
         for i in rng.choice(len(grid), size=args.loop, replace=False)
     ]
     jax.block_until_ready(one(spec, hw.spec, hw.constants, sample[0]))
@@ -191,18 +198,18 @@ def main() -> None:
 
     # 4. the whole search, as the CLI runs it (enumerate, evaluate, reduce, frames)
     t = time.perf_counter()
-    doc, _, _ = run_grid(models=["gpt3-175B"], gpus=[1024], global_batch=[1536], progress=False)
+    res = sweep("gpt3-175B", num_gpus=1024, global_batch=1536)
     first = time.perf_counter() - t
     steady = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        doc, _, _ = run_grid(models=["gpt3-175B"], gpus=[1024], global_batch=[1536], progress=False)
+        res = sweep("gpt3-175B", num_gpus=1024, global_batch=1536)
         steady.append(time.perf_counter() - t)
-    b = doc["best"]
+    b = res.best
     print()
-    print("aisim perf grid --model gpt3-175B --gpus 1024 --global-batch 1536:")
+    print("aisim perf grid --model gpt3-175B --gpus 1024 --global-batch 1536 (perfmodel.sweep):")
     print(
-        f"  {doc['evaluated']} strategies evaluated, {doc['feasible']} feasible; best dp{b['dp']} tp{b['tp']} "
+        f"  {res.evaluated} strategies evaluated, {res.feasible} feasible; best dp{b['dp']} tp{b['tp']} "
         f"pp{b['pp']} mbs{b['micro_batch_size']} {b['schedule']} v{b['interleave']} zero{b['zero_stage']} "
         f"{b['recompute']}: {b['tokens_per_s']:.4g} tokens/s, MFU {100 * b['mfu']:.1f}%"
     )

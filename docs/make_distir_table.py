@@ -14,8 +14,7 @@ from pathlib import Path
 import jax
 import pandas as pd
 
-from perfmodel import load_hardware, load_model, make_strategy
-from perfmodel.step_time import select_step_fn
+from perfmodel import load_hardware, load_model, make_strategy, select_step_fn
 
 DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 HARDWARE = "a100-80gb"

@@ -16,27 +16,14 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from aisim.perf_grid import plot_grid, run_grid
+    from perfmodel import plot_sweep, sweep
 
     out = ROOT / "docs" / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    doc, _, _ = run_grid(
-        models=["gpt3-175b"],
-        gpus=[1024],
-        global_batch=[1536],
-        knobs={"recompute": ["full"]},
-        top=8,
-        progress=False,
-    )
-    plot_grid(doc, out / "grid_gpt3_175b.png")
-    doc, _, _ = run_grid(
-        models=["gpt3-13b"],
-        gpus=[64, 128, 256, 512, 1024],
-        global_batch=[1024],
-        top=8,
-        progress=False,
-    )
-    plot_grid(doc, out / "grid_scaling_13b.png")
+    result = sweep("gpt3-175b", num_gpus=1024, global_batch=1536, recompute=["full"], top=8)
+    plot_sweep(result, out / "grid_gpt3_175b.png")
+    result = sweep("gpt3-13b", num_gpus=[64, 128, 256, 512, 1024], global_batch=1024, top=8)
+    plot_sweep(result, out / "grid_scaling_13b.png")
     print(f"wrote {out / 'grid_gpt3_175b.png'} and {out / 'grid_scaling_13b.png'}")
 
 

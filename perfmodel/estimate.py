@@ -19,7 +19,9 @@ from typing import Any
 import jax
 
 from perfmodel.constants import Constants
+from perfmodel.cost_models import COST_MODELS, select_step_fn
 from perfmodel.hardware import Hardware, load_hardware, load_hardware_file
+from perfmodel.knobs import strategy_from_knobs
 from perfmodel.report import results_frame, row_to_result
 from perfmodel.step_time import StepBreakdown
 from perfmodel.strategy import Strategy
@@ -35,15 +37,6 @@ from perfmodel.workload import (
 )
 from simbase.errors import AisimError, bad_value
 from simbase.parse import parse_int_list
-
-try:  # the registry's own module (perfmodel-core's split); step_time re-exported it before
-    from perfmodel.cost_models import COST_MODELS, select_step_fn
-except ImportError:  # pragma: no cover - the transition
-    from perfmodel.step_time import COST_MODELS, select_step_fn
-try:
-    from perfmodel.knobs import strategy_from_knobs
-except ImportError:  # pragma: no cover - the transition
-    from perfmodel.strategy import strategy_from_knobs
 
 DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_HARDWARE = "a100-80gb"
@@ -128,20 +121,22 @@ def resolve_model(
         m = _from_loader(mlp_from_params, params, "params", "--params")
     elif widths is not None:
         ws = parse_int_list(widths, "widths", minimum=1) if isinstance(widths, str) else widths
-        m = _from_loader(mlp_from_widths, list(ws), "widths", "--widths")
+        m = _from_loader(mlp_from_widths, list(ws), "widths", "--widths", shown=widths)
     else:
         m = load_model(model or DEFAULT_MODEL)
     given = {k: v for k, v in dims.items() if v is not None}
     return with_overrides(m, **given) if given else m
 
 
-def _from_loader(loader, value, field: str, legacy_where: str) -> Model:
-    """Calls a model builder and reports its errors about ``value`` as an argument (``field``)."""
+def _from_loader(loader, value, field: str, legacy_where: str, shown: Any = None) -> Model:
+    """Calls a model builder and reports its errors about ``value`` as an error about the
+    argument ``field`` (showing ``shown``, the value as the caller gave it, when set)."""
     try:
         return loader(value)
     except AisimError as e:
         if e.field == field and e.source in (None, legacy_where):
-            raise bad_value(None, field, e.value if e.has_value else value, e.expected) from None
+            bad = shown if shown is not None else (e.value if e.has_value else value)
+            raise bad_value(None, field, bad, e.expected) from None
         raise
 
 

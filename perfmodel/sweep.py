@@ -26,6 +26,7 @@ import pandas as pd
 from perfmodel import search as srch
 from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
+from perfmodel.cost_models import select_step_fn
 from perfmodel.estimate import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
@@ -35,21 +36,13 @@ from perfmodel.estimate import (
     resolve_hardware,
     resolve_model,
 )
+from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
 from perfmodel.hardware import Hardware
 from perfmodel.report import row_to_result
+from perfmodel.strategy import KNOBS
 from perfmodel.workload import Model, total_params
 from simbase import units
 from simbase.errors import AisimError, bad_value
-
-try:  # perfmodel-core's split of strategy.py and step_time.py
-    from perfmodel.cost_models import select_step_fn
-except ImportError:  # pragma: no cover - the transition
-    from perfmodel.step_time import select_step_fn
-try:
-    from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
-except ImportError:  # pragma: no cover - the transition
-    from perfmodel.strategy import StrategyGrid, concat_grids, enumerate_strategies
-from perfmodel.strategy import KNOBS
 
 DEFAULT_GPUS = 1024
 DEFAULT_GLOBAL_BATCH = 1536
