@@ -128,6 +128,7 @@ def split_starts(text: str) -> tuple[list[Start], int]:
     """Splits a log into starts of the program; also returns the duplicate rank lines dropped."""
     starts: list[Start] = [Start()]
     in_args = False
+    args_rank: str | None = None  # other ranks' lines may interleave with the block
     reporting_rank: str | None = None
     duplicates = 0
     for ln in _join_wrapped(clean_lines(text)):
@@ -136,9 +137,9 @@ def split_starts(text: str) -> tuple[list[Start], int]:
             if starts[-1].args or starts[-1].samples:
                 starts.append(Start())
             starts[-1].first_line = starts[-1].first_line or ln.no
-            in_args, reporting_rank = True, None
+            in_args, reporting_rank, args_rank = True, None, ln.rank
             continue
-        if in_args:
+        if in_args and ln.rank == args_rank:
             if _ARGS_END.search(t):
                 in_args = False
             elif m := _ARG.match(t):

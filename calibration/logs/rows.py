@@ -3,10 +3,11 @@
 Contract:
 
 - :func:`clean_lines` turns a raw log into :class:`Line` records (1-based physical line number,
-  the rank or host a launcher prefixed, the text). It removes ANSI colour codes, the prefixes that
-  launchers add (``[rank3]:`` and ``[default3]:`` from torchrun, ``3:`` from ``srun --label``,
-  ``worker-1:`` or an IP address from pdsh) and tqdm progress bars, whose carriage returns leave
-  a bar and a log message on one physical line.
+  the rank or host a launcher prefixed, the text). It removes ANSI colour codes, a leading ISO
+  timestamp that a log collector added, the prefixes that launchers add (``[rank3]:`` and
+  ``[default3]:`` from torchrun, ``3:`` from ``srun --label``, ``worker-1:`` or an IP address
+  from pdsh) and tqdm progress bars, whose carriage returns leave a bar and a log message on one
+  physical line.
 - :class:`Sample` is one timing line (the step it ends at, the mean seconds per step over the
   steps since the previous timing line, and how many steps that covers); :func:`summarise` drops
   the warm-up and averages the rest into a :class:`Timing`.
@@ -29,6 +30,8 @@ from typing import Any
 from simbase.errors import AisimError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A collector's timestamp before everything else (kubectl logs --timestamps, cloud log exports).
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s")
 # torchrun ("[rank3]:", "[default3]:"), srun --label ("3: "), pdsh ("worker-1: ", "10.0.0.2: ").
 _PREFIX = re.compile(
     r"^(?:\[(?:rank|default)(?P<rank>\d+)\]:\s?"
@@ -70,7 +73,7 @@ def clean_lines(text: str) -> list[Line]:
     """Splits a log into cleaned lines (see the module docstring)."""
     out: list[Line] = []
     for no, raw in enumerate(text.split("\n"), start=1):
-        raw = _ANSI.sub("", raw)
+        raw = _STAMP.sub("", _ANSI.sub("", raw), count=1)
         rank = None
         m = _PREFIX.match(raw)
         if m:

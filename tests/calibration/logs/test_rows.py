@@ -14,6 +14,7 @@ def test_clean_lines_prefixes_colours_and_tqdm():
         "worker-1: [2024-05-01 10:00:00,000] [INFO] pdsh\n"
         "10.0.0.2: host by address\n"
         "\x1b[31mstep:  1\x1b[39m\n"
+        "2024-05-01T10:00:00.123456789Z [rank2]:collector stamp\n"
         "\rStep:  20%|██        | 1/5 [00:22<01:31, 22.90s/it][08/30/23 07:07:54] INFO  msg\n"
     )
     got = [(ln.no, ln.rank, ln.text) for ln in clean_lines(text)]
@@ -24,7 +25,8 @@ def test_clean_lines_prefixes_colours_and_tqdm():
         (4, "worker-1", "[2024-05-01 10:00:00,000] [INFO] pdsh"),
         (5, "10.0.0.2", "host by address"),
         (6, None, "step:  1"),
-        (7, None, "[08/30/23 07:07:54] INFO  msg"),
+        (7, "2", "collector stamp"),
+        (8, None, "[08/30/23 07:07:54] INFO  msg"),
     ]
 
 
