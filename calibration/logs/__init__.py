@@ -10,8 +10,8 @@ same configuration are pooled). Columns: the canonical measurement columns (DESI
 ``calibration.measurements``) that the log or ``overrides`` give, the extra columns a format has
 (Megatron: ``cp``, ``ep``, ``num_experts``, ``experts_per_token``, ``swiglu``, ...), then
 ``step_time_s`` (mean seconds per optimiser step after the warm-up), ``step_time_std_s`` (the
-spread of the averaged lines), ``iterations_averaged``, ``format``, ``source`` (``FILE:Lfirst-Llast``)
-and ``provenance`` (``field=origin;...``, origin ``L12`` / ``L40-L98`` for log lines, ``option``
+spread of the averaged lines), ``iterations_averaged``, ``format``, ``source``
+(``FILE:Lfirst-Llast``) and ``provenance`` (``field=origin;...``, origin ``L12`` / ``L40-L98`` for log lines, ``option``
 for an override, ``default`` or ``derived``). The rows load with
 :func:`calibration.measurements.normalise_measurements`.
 

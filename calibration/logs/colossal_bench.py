@@ -118,9 +118,9 @@ def parse(
     b.timing(timing)
     b.put("warmup_steps", skip, origin)
     results = colossal.parse_results([ln.text for ln in lines])
-    for key, marker in (("throughput_samples_per_s", "samples/sec"),
-                        ("tflops_per_gpu", "samples/sec"),
-                        ("peak_mem_mib", "Max CUDA memory usage"), ("num_params", "Model params")):  # fmt: skip
+    markers = {"throughput_samples_per_s": "samples/sec", "tflops_per_gpu": "samples/sec",
+               "peak_mem_mib": "Max CUDA memory usage", "num_params": "Model params"}  # fmt: skip
+    for key, marker in markers.items():
         where = [ln.no for ln in lines if marker in ln.text]
         b.put(key, results.get(key), where[-1] if where else "log")
     if "tflops_per_gpu" in results:

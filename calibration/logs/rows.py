@@ -38,7 +38,7 @@ _PREFIX = re.compile(
     r"|(?P<label>\d{1,5}):\s"
     r"|(?P<host>[A-Za-z][\w-]*-\d+|\d{1,3}(?:\.\d{1,3}){3}):\s)"
 )
-# A tqdm bar: "Step:  20%|██        | 1/5 [00:22<01:31, 22.90s/it]" (the description is optional).
+# A tqdm bar, "Step:  20%|██        | 1/5 [00:22<01:31, 22.90s/it]" (description optional).
 _TQDM = re.compile(r"[^\r\n|]*?\d{1,3}%\|[^|\r\n]*\|\s*\d+/\d+\s*\[[^\]\r\n]*\]")
 
 # Columns every importer writes, after the measurement columns.

@@ -18,9 +18,9 @@ each data-parallel rank's tokens by the time and by the non-data-parallel degree
 (``tps = ntokens / (time · cp·tp·pp)``). The job config is read from a ``.toml`` file given with
 the logs, and from ``Running with args: {...}`` (``--job.print_args``, 2024-2025 versions):
 ``[model]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[metrics]``; a
-line the log prints later wins over it, and the printed dict over the file. Every rank may print the step lines: the
-first rank that printed one is used. A ``Training starts at step`` line, or a step count that
-goes back, starts a new stretch whose warm-up is dropped again.
+line the log prints later wins over it, and the printed dict over the file. Every rank may print
+the step lines: the first rank that printed one is used. A ``Training starts at step`` line, or a
+step count that goes back, starts a new stretch whose warm-up is dropped again.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def test_skip_iterations_wins_over_ignore_steps(fixture_path):
 
 def test_wrapped_namespace_is_joined():
     text = (
-        "[08/30/23 07:07:30] INFO     colossalai - colossalai - INFO: args: Namespace(config='7b',\n"
+        "[08/30/23 07:07:30] INFO     colossalai - colossalai - INFO: args: "
+        "Namespace(config='7b',\n"
         "                    INFO     plugin='3d', batch_size=4, tp=2, pp=1, max_length=2048)\n"
         "Step time: 2.0\nStep time: 1.0\nStep time: 1.5\n"
     )

@@ -30,7 +30,7 @@ def test_step_time_from_timer_lines(fixture_path):
 def test_configuration(fixture_path):
     (row,) = import_logs([fixture_path(LOG)], overrides={"model": "gpt3-1.3b"}).to_dict("records")
     expected = dict(num_gpus=8, dp=8, tp=1, pp=1, global_batch_size=64, micro_batch_size=4,
-                    zero_stage=2, dtype="bf16", tflops_per_gpu=82.88, format="deepspeed")  # fmt: skip
+                    zero_stage=2, dtype="bf16", tflops_per_gpu=82.88)  # fmt: skip
     for key, value in expected.items():
         assert row[key] == value, key
     prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))

@@ -1,4 +1,4 @@
-"""Megatron-LM logs: arguments block, iteration lines, ranks, wrapped lines, NaN/skipped, restart."""
+"""Megatron-LM logs: arguments block, iteration lines, ranks, wrapped lines, NaN, restarts."""
 
 import re
 import statistics
