@@ -11,8 +11,9 @@ same configuration are pooled). Columns: the canonical measurement columns (DESI
 (Megatron: ``cp``, ``ep``, ``num_experts``, ``experts_per_token``, ``swiglu``, ...), then
 ``step_time_s`` (mean seconds per optimiser step after the warm-up), ``step_time_std_s`` (the
 spread of the averaged lines), ``iterations_averaged``, ``format``, ``source``
-(``FILE:Lfirst-Llast``) and ``provenance`` (``field=origin;...``, origin ``L12`` / ``L40-L98`` for log lines, ``option``
-for an override, ``default`` or ``derived``). The rows load with
+(``FILE:Lfirst-Llast``) and ``provenance`` (``field=origin;...``: ``L12`` or ``L40-L98`` for
+log lines, ``option`` for an override, ``default``, ``derived``, or a job config's path). The
+rows load with
 :func:`calibration.measurements.normalise_measurements`.
 
 Per format: :mod:`~calibration.logs.megatron`, :mod:`~calibration.logs.torchtitan`,
