@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import string
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +12,16 @@ import numpy as np
 import pandas as pd
 import typer
 
-from aisim.console import check_out_suffix, console, err_console, guard, print_json, rich_table
-from simbase.errors import AisimError
+from aisim.console import (
+    check_out_suffix,
+    console,
+    err_console,
+    flag_names,
+    guard,
+    print_json,
+    rich_table,
+)
+from simbase.errors import AisimError, bad_value
 from simbase.io import atomic_write_text, write_table
 
 app = typer.Typer(
@@ -40,11 +51,37 @@ SkipOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
+# library argument names -> this area's flags, where they differ from --name-with-dashes
+FLAGS = flag_names(free="--fit")
+
+
+@contextlib.contextmanager
+def flag_hints(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Names this command's flags in the hint of an error from a file.
+
+    ``guard`` keeps a file error's own field names (its columns) and so leaves the ``{field}``
+    placeholders of its hint (``pass {skip_bad_rows}``) as library names; the hint is about what
+    the user can pass, so it names the flag. The error is re-raised, to be rendered by ``guard``.
+    """
+    try:
+        yield
+    except AisimError as e:
+        if e.source is not None and e.hint:
+            table = dict(flags or {})
+            names = {f: table.get(f) or "--" + f.replace("_", "-") for f in _placeholders(e.hint)}
+            e.hint = AisimError(hint=e.hint).relabel(names=names).hint
+        raise
+
+
+def _placeholders(text: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name]
+
+
 def _defaults(hardware: str | None, model: str | None, dtype: str | None) -> dict[str, str]:
     return {k: v for k, v in (("hardware", hardware), ("model", model), ("dtype", dtype)) if v}
 
 
-def _warn_skipped(df: pd.DataFrame, json_: bool) -> list[str]:
+def _warn_skipped(df: pd.DataFrame) -> list[str]:
     skipped = list(df.attrs.get("skipped", []))
     for msg in skipped:
         err_console.print(f"[yellow]skipped[/yellow] {msg}", highlight=False, soft_wrap=True)
@@ -81,79 +118,48 @@ def fit_command(
     ] = None,
 ) -> None:
     """Fit the constants to measured step times; report in-sample and held-out error."""
-    with guard():
-        from calibration import report
-        from calibration.fit import fit as run_fit
-        from calibration.measurements import load_measurements
-        from calibration.parameterization import parse_free
-        from calibration.rows import build_batch, resolve_rows
-        from calibration.rows import measured_step_times as measured_or_fail
-        from perfmodel.hardware import load_hardware
+    with guard(FLAGS), flag_hints(FLAGS):
+        from calibration import fit_measurements, load_measurements, parity_plot
+        from perfmodel import load_hardware
 
         check_out_suffix(out, (".json",))
         if plot is not None and plot.suffix.lower() != ".png":
-            raise AisimError(f"command line: field '--plot' = '{plot}': expected a .png file name")
-        hw = load_hardware(hardware) if hardware else None
+            raise bad_value(None, "plot", str(plot), "a .png file name")
+        hw_name = load_hardware(hardware).name if hardware else None
         df = load_measurements(
             measurements,
             skip_bad_rows=skip_bad_rows,
             purpose="fit",
-            defaults=_defaults(hw.name if hw else None, model, dtype),
+            defaults=_defaults(hw_name, model, dtype),
         )
-        skipped = _warn_skipped(df, json_)
-        measured_all = df["has_measurement"].to_numpy(bool)
-        df = df[measured_all].reset_index(drop=True)
-        measured = measured_or_fail(df)
-        rows = resolve_rows(df, hw.name if hw else None)
-        names = sorted({rc.hardware.name for rc in rows})
-        if len(names) > 1:
-            raise AisimError(
-                f"{measurements}: rows name several hardware ({', '.join(names)}): a profile "
-                "is for one hardware; split the file or pass --hardware for blank cells"
-            )
-        hw = rows[0].hardware
-        if hardware and hw.name != load_hardware(hardware).name:
-            raise AisimError(
-                f"{measurements}: field 'hardware' = {hw.name!r}, but --hardware is {hardware!r}"
-            )
-        param = parse_free(fit, hw.constants)
-        batch = build_batch(rows)
-        result = run_fit(param, batch, measured, seed=seed)
-        sha = report.data_sha256(rows, batch.strategies, measured)
-        doc = report.fit_document(
-            df, result, hardware=hw.name, data_sha=sha, seed=seed, skipped=skipped
-        )
+        _warn_skipped(df)
+        run = fit_measurements(df, hardware=hw_name, free=fit, seed=seed, source=str(measurements))
+        result = run.result
         if out is not None:
-            atomic_write_text(
-                out,
-                report.dumps(
-                    report.profile_document(result, hardware=hw.name, data_sha=sha, seed=seed)
-                ),
-            )
+            atomic_write_text(out, run.profile_text())
         if plot is not None:
-            report.parity_plot(
+            parity_plot(
                 result.measured_s,
                 result.predicted_s,
                 plot,
                 cv_predicted_s=result.cv_predicted_s,
-                title=f"{measurements.name} on {hw.name}: in-sample "
+                title=f"{measurements.name} on {run.hardware}: in-sample "
                 f"{result.in_sample_mape_pct:.2f}% MAPE",
             )
         if json_:
-            typer.echo(report.dumps(doc), nl=False)
+            typer.echo(run.document_text(), nl=False)
             return
-        _print_fit(df, result, hw.name)
+        _print_fit(run)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "n/a" if x is None or not np.isfinite(x) else format(x, spec)
 
 
-def _print_fit(df: pd.DataFrame, result, hardware: str) -> None:
-    from calibration import report
-
-    table = report.row_table(df, result)
-    console.print(rich_table(table, title=f"calibration on {hardware}: {len(table)} rows"))
+def _print_fit(run) -> None:
+    result = run.result
+    table = run.row_table()
+    console.print(rich_table(table, title=f"calibration on {run.hardware}: {len(table)} rows"))
     console.print(
         f"held-out ({result.cv_method}) MAPE {_fmt(result.cv_mape_pct)}%, "
         f"max {_fmt(result.cv_max_error_pct)}%"
@@ -167,7 +173,7 @@ def _print_fit(df: pd.DataFrame, result, hardware: str) -> None:
             "value": v["value"],
             "stddev": v["stddev"] if v["stddev"] is not None else np.nan,
         }
-        for k, v in report.constants_with_uncertainty(result).items()
+        for k, v in run.document()["constants"].items()
     ]
     console.print(
         rich_table(pd.DataFrame(rows), title="fitted constants (SI units, 1σ from the Hessian)")
@@ -193,11 +199,8 @@ def predict_command(
     ] = None,
 ) -> None:
     """Predict step time, throughput and TFLOPS per GPU of each row (blank knobs searched)."""
-    with guard():
-        from calibration.measurements import load_measurements
-        from calibration.predict import predict_table
-        from calibration.profile import load_profile_constants
-        from calibration.rows import resolve_rows
+    with guard(FLAGS), flag_hints(FLAGS):
+        from calibration import load_measurements, predict_measurements, read_csv_cells
 
         check_out_suffix(out)
         df = load_measurements(
@@ -206,18 +209,10 @@ def predict_command(
             purpose="predict",
             defaults=_defaults(hardware, model, dtype),
         )
-        _warn_skipped(df, json_)
-        rows = resolve_rows(df, hardware)
-        consts = {}
-        for rc in rows:
-            if rc.hardware.name not in consts:
-                consts[rc.hardware.name] = (
-                    rc.hardware.constants
-                    if profile is None
-                    else load_profile_constants(profile, rc.hardware.name, rc.hardware.constants)
-                )
-        raw = pd.read_csv(configs, dtype=str, keep_default_na=False, skipinitialspace=True)
-        table = predict_table(df, rows, consts, raw=raw)
+        _warn_skipped(df)
+        table = predict_measurements(
+            df, hardware=hardware, profile=profile, raw=read_csv_cells(configs)
+        )
         if out is not None:
             write_table(table, out)
         if json_:

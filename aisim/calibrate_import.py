@@ -1,7 +1,8 @@
 """`aisim calibrate import-colossal LOG...`: Colossal-AI benchmark logs -> measurement rows.
 
 Register with ``app.command("import-colossal")(import_colossal_command)``. The parsing lives in
-:mod:`calibration.colossal`; this module only maps options to overrides and prints or writes.
+:func:`calibration.import_logs`; this module only maps options to overrides and prints or writes.
+An override a log needs (its world size, its batch size) is named by its flag in the error.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def import_colossal_command(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Turns Colossal-AI benchmark logs into measurement rows (the calibration CSV schema)."""
-    from calibration.colossal import import_logs
+    from aisim.calibrate import flag_hints
+    from calibration import import_logs
 
-    with guard():
+    with guard(), flag_hints():
         check_out_suffix(out)
         overrides = dict(
             plugin=plugin, tp=tp, pp=pp, zero=zero, batch_size=batch_size,

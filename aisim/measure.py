@@ -8,32 +8,62 @@ a progress bar on stderr, and writes the rows atomically in the measurement CSV 
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from aisim.console import check_out_suffix, console, err_console, guard, print_json, rich_table
+from aisim.console import (
+    check_out_suffix,
+    console,
+    err_console,
+    flag_names,
+    guard,
+    print_json,
+    rich_table,
+)
 from simbase.errors import AisimError, bad_value
 from simbase.io import write_table
+from simbase.parse import parse_int_list
 
 SHOWN = ("model", "hardware", "num_layers", "hidden_size", "num_gpus", "dp", "tp",
          "global_batch_size", "step_time_s", "throughput_samples_per_s")  # fmt: skip
 
 
+# library field names (calibration.check_config, Shape) -> this command's flags
+FLAGS = flag_names(
+    global_batch_size="--global-batch",
+    num_layers="--layers",
+    hidden_size="--hidden",
+    num_heads="--heads",
+    num_kv_heads="--heads",
+    ffn_hidden_size="--ffn",
+    vocab_size="--vocab",
+)
+
+
+def _positive_ints(text: str, field: str) -> list[int]:
+    """``"1,2,4"`` (or ``"1 2 4"``) -> ``[1, 2, 4]``; an error names ``field``."""
+    try:
+        return parse_int_list(re.sub(r"[,\s]+", ",", text.strip()), field, minimum=1) or []
+    except AisimError:
+        raise bad_value(None, field, text, "comma-separated positive integers") from None
+
+
 def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len, vocab, ffn):
     """(model column, Shape) from a preset with overrides, or a square MLP of ``params``."""
-    from calibration.measure import Shape
-    from perfmodel import workload
+    from calibration import Shape
+    from perfmodel import load_model, mlp_from_params
 
     if (model is None) == (params is None):
         raise AisimError("give exactly one of --model NAME or --params COUNT (e.g. --params 20M)")
     if params is not None:
-        spec = workload.mlp_from_params(params).spec
+        spec = mlp_from_params(params).spec
         name = "custom"
     else:
         name = model.strip().lower()
-        spec = workload.load_model(name).spec
+        spec = load_model(name).spec
     kind = spec.kind
 
     def dim(value, field):
@@ -43,7 +73,9 @@ def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len
         for opt, v in (("--heads", heads), ("--seq-len", seq_len), ("--vocab", vocab),
                        ("--ffn", ffn)):  # fmt: skip
             if v is not None:
-                raise bad_value(opt, opt.lstrip("-"), v, "no value: an MLP has no such dimension")
+                raise bad_value(
+                    None, opt[2:].replace("-", "_"), v, "no value: an MLP has no such dimension"
+                )
         shape = Shape(kind="mlp", num_layers=dim(layers, "num_layers"),
                       hidden_size=dim(hidden, "hidden_size"), bias=False)  # fmt: skip
         if params is None and float(spec.input_size) != float(spec.output_size):
@@ -63,7 +95,7 @@ def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len
             learned_pos_emb=bool(float(spec.learned_pos_emb)),
         )  # fmt: skip
         if h % n_heads or n_heads % kv:
-            raise bad_value("--heads", "heads", n_heads, f"a divisor of --hidden {h}")
+            raise bad_value(None, "num_heads", n_heads, f"a divisor of --hidden {h}")
     if shape.num_layers < 1 or shape.hidden_size < 1:
         raise AisimError("--layers and --hidden must be positive")
     return name, shape
@@ -118,40 +150,37 @@ def measure(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Times real flax training steps (data and tensor parallel) and writes measurement rows."""
-    with guard():
+    with guard(FLAGS):
         import jax
         import pandas as pd
         from rich.progress import Progress
 
-        from calibration.measure import (
+        from calibration import (
             COMPUTE_DTYPES,
             STATISTICS,
             Config,
             check_config,
             hardware_for_devices,
             measure_many,
-            parse_int_list,
             shape_columns,
         )  # fmt: skip
 
         check_out_suffix(out)
         if dtype not in COMPUTE_DTYPES:
-            raise bad_value("--dtype", "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
+            raise bad_value(None, "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
         if statistic not in STATISTICS:
-            raise bad_value(
-                "--statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS)
-            )
+            raise bad_value(None, "statistic", statistic, "one of " + ", ".join(STATISTICS))
         if steps < 1 or warmup < 0 or rounds < 1:
             raise AisimError("--steps and --rounds must be at least 1 and --warmup at least 0")
-        layer_list = [None] if layers is None else parse_int_list(layers, "--layers")
-        hidden_list = [None] if hidden is None else parse_int_list(hidden, "--hidden")
+        layer_list = [None] if layers is None else _positive_ints(layers, "layers")
+        hidden_list = [None] if hidden is None else _positive_ints(hidden, "hidden")
         shapes = [_shape(model, params, n, h, heads, seq_len, vocab, ffn)
                   for n, h in itertools.product(layer_list, hidden_list)]  # fmt: skip
         jobs = [
             (name, shape, Config(dp=d, tp=t, global_batch_size=b))
             for (name, shape), d, t, b in itertools.product(
-                shapes, parse_int_list(dp, "--dp"), parse_int_list(tp, "--tp"),
-                parse_int_list(global_batch, "--global-batch"),
+                shapes, _positive_ints(dp, "dp"), _positive_ints(tp, "tp"),
+                _positive_ints(global_batch, "global_batch"),
             )
         ]  # fmt: skip
         devices = jax.devices()

@@ -1,34 +1,121 @@
 """calibration: fit aisim's constants to measured runs, and predict configurations.
 
-Public API: load and normalise measurements, parameterise the free constants, fit, predict.
+Public API:
+
+- **Measurement tables** (the CSV schema of DESIGN.md, aliases accepted):
+  :func:`load_measurements`, :func:`normalise_measurements`, :func:`read_csv_cells`,
+  :func:`data_path` (the CSVs shipped in ``calibration/data``), :class:`InvalidRows` (the error
+  listing every bad cell).
+- **Fit and predict a table**: :func:`fit_measurements` -> :class:`MeasurementFit` (the
+  :class:`FitResult`, its per-row table, report and profile documents),
+  :func:`predict_measurements`; :func:`parity_plot` draws predicted against measured.
+- **The pieces**: :class:`Parameterization`, :func:`parse_free` and :data:`DEFAULT_FREE` (the
+  constants to free); :func:`resolve_rows`, :func:`row_strategy`, :func:`build_batch`,
+  :func:`measured_step_times` (rows as stacked pytrees); :func:`objective`,
+  :func:`predicted_step_time_s`; :func:`fit` -> :class:`FitResult`; :func:`predict_table`,
+  :func:`predict_rows`.
+- **Profiles**: :func:`read_profile`, :func:`load_profile_constants`, :data:`PROFILE_SCHEMA`.
+- **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
+  logs); :func:`measure_many`, :func:`measure_one`, :class:`Shape`, :class:`Config`,
+  :func:`check_config`, :func:`hardware_for_devices` and :func:`shape_columns` (time real flax
+  training steps here; imported on first use, as they load flax).
+- **Collaborative training**: :class:`CollabFit`, :func:`fit_collab`, :func:`load_collab_table`.
 """
 
 from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
+from calibration.colossal import import_logs, parse_log
 from calibration.fit import FitResult, fit
-from calibration.measurements import load_measurements, normalise_measurements
+from calibration.measurements import (
+    InvalidRows,
+    data_path,
+    load_measurements,
+    normalise_measurements,
+    read_csv_cells,
+)
 from calibration.objective import objective, predicted_step_time_s
-from calibration.parameterization import Parameterization, parse_free
+from calibration.parameterization import DEFAULT_FREE, Parameterization, parse_free
+from calibration.pipeline import (
+    MeasurementFit,
+    fit_measurements,
+    predict_measurements,
+)
 from calibration.predict import predict_rows, predict_table
 from calibration.profile import PROFILE_SCHEMA, load_profile_constants, read_profile
-from calibration.rows import build_batch, resolve_rows
+from calibration.report import parity_plot
+from calibration.rows import (
+    RowBatch,
+    RowConfig,
+    build_batch,
+    measured_step_times,
+    resolve_rows,
+    row_strategy,
+)
+
+# the measuring loop imports flax: loaded on first use (PEP 562), so `import calibration` stays light
+_LAZY = {
+    name: "calibration.measure"
+    for name in (
+        "COMPUTE_DTYPES",
+        "STATISTICS",
+        "Config",
+        "Shape",
+        "check_config",
+        "hardware_for_devices",
+        "measure_many",
+        "measure_one",
+        "shape_columns",
+    )
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'calibration' has no attribute {name!r}")
+
 
 __all__ = [
-    "CollabFit",
-    "FitResult",
+    "COMPUTE_DTYPES",
+    "DEFAULT_FREE",
     "PROFILE_SCHEMA",
+    "STATISTICS",
+    "CollabFit",
+    "Config",
+    "FitResult",
+    "InvalidRows",
+    "MeasurementFit",
     "Parameterization",
+    "RowBatch",
+    "RowConfig",
+    "Shape",
     "build_batch",
+    "check_config",
+    "data_path",
     "fit",
     "fit_collab",
+    "fit_measurements",
+    "hardware_for_devices",
+    "import_logs",
     "load_collab_table",
     "load_measurements",
     "load_profile_constants",
+    "measure_many",
+    "measure_one",
+    "measured_step_times",
     "normalise_measurements",
     "objective",
+    "parity_plot",
     "parse_free",
+    "parse_log",
+    "predict_measurements",
     "predict_rows",
     "predict_table",
     "predicted_step_time_s",
+    "read_csv_cells",
     "read_profile",
     "resolve_rows",
+    "row_strategy",
+    "shape_columns",
 ]

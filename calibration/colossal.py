@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from calibration.measurements import normalise_measurements, preset_name
+from perfmodel.choices import Recompute, ZeroStage
 from simbase.errors import AisimError, bad_value
 
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
@@ -204,98 +205,173 @@ def _model(config: str) -> dict[str, Any]:
     return {"model": preset_name(key.rsplit("/", 1)[-1])}
 
 
-def run_row(run: Run, overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """One measurement row (canonical column names) for one run."""
+# benchmark.py's defaults, for flags that its command line leaves out
+_SCRIPT_DEFAULTS = {
+    "config": "7b", "plugin": "gemini", "batch_size": 2, "max_length": 4096, "tp": 1, "pp": 1,
+    "zero": 0, "mbs": 1, "grad_checkpoint": False, "pp_style": "1f1b", "n_chunks": 1,
+}  # fmt: skip
+_RESULT_COLUMNS = ("throughput_samples_per_s", "step_time_s", "tflops_per_gpu",
+                   "tflops_per_gpu_megatron", "peak_mem_mib", "num_params")  # fmt: skip
+
+
+@dataclass
+class _RunFacts:
+    """What one run says about a setting: an override wins, then its command line, then its
+    result lines, then benchmark.py's default (when the run has a current-format command)."""
+
+    overrides: dict[str, Any]
+    command: dict[str, Any]
+    results: dict[str, Any]
+    defaults: dict[str, Any]
+    where: str
+
+    def get(self, key: str, cmd_key: str | None = None) -> Any:
+        if key in self.overrides:
+            return self.overrides[key]
+        cmd_key = cmd_key or key
+        if cmd_key in self.command:
+            return self.command[cmd_key]
+        if key in self.results:
+            return self.results[key]
+        return self.defaults.get(cmd_key)
+
+
+def _facts(run: Run, overrides: Mapping[str, Any], where: str) -> _RunFacts:
     res = parse_results(run.lines)
     if "throughput_samples_per_s" not in res:
-        raise AisimError(f"{where}: no 'Throughput: X samples/sec' or 'sample_per_sec' result")
-    cmd = parse_command(run.command) if run.command else {}
+        raise AisimError(
+            f"{where}: no 'Throughput: X samples/sec' or 'sample_per_sec' result",
+            source=where,
+            expected="a result line",
+        )
     legacy = res["log_format"] == "legacy"
-    # benchmark.py's defaults, for flags that its command line leaves out.
-    defaults = {} if legacy or not run.command else {
-        "config": "7b", "plugin": "gemini", "batch_size": 2, "max_length": 4096, "tp": 1,
-        "pp": 1, "zero": 0, "mbs": 1, "grad_checkpoint": False, "pp_style": "1f1b", "n_chunks": 1,
-    }  # fmt: skip
-    ov = {k: v for k, v in overrides.items() if v is not None}
+    return _RunFacts(
+        overrides={k: v for k, v in overrides.items() if v is not None},
+        command=parse_command(run.command) if run.command else {},
+        results=res,
+        defaults={} if legacy or not run.command else dict(_SCRIPT_DEFAULTS),
+        where=where,
+    )
 
-    def get(key: str, cmd_key: str | None = None) -> Any:
-        if key in ov:
-            return ov[key]
-        cmd_key = cmd_key or key
-        if cmd_key in cmd:
-            return cmd[cmd_key]
-        if key in res:
-            return res[key]
-        return defaults.get(cmd_key)
 
-    row: dict[str, Any] = {}
-    config = get("model", "config")
+def _model_columns(f: _RunFacts) -> dict[str, Any]:
+    config = f.get("model", "config")
     if isinstance(config, str) and config.endswith(".py"):
         config = None  # the legacy trainer's --config is a Python config file, not a model
-    if config is not None:
-        row.update(_model(str(config)) if "model" not in ov else {"model": ov["model"]})
-    plugin = get("plugin")
-    tp, pp = get("tp"), get("pp")
-    if (get("sp") or 1) > 1:
-        raise AisimError(f"{where}: sequence parallel size --sp {get('sp')} > 1 is not modelled")
-    num_gpus = ov.get("num_gpus")
+    if config is None:
+        return {}
+    return _model(str(config)) if "model" not in f.overrides else {"model": f.overrides["model"]}
+
+
+def _world_size(f: _RunFacts, tp: int | None, pp: int | None) -> int:
+    """The number of GPUs: an override, the launcher's processes x nodes, or dp·tp·pp."""
+    num_gpus = f.overrides.get("num_gpus")
+    cmd = f.command
     if num_gpus is None and "nproc_per_node" in cmd:
-        nnodes = ov.get("nnodes", cmd.get("nnodes"))
+        nnodes = f.overrides.get("nnodes", cmd.get("nnodes"))
         if nnodes is None and "hostfile" in cmd:
             raise AisimError(
-                f"{where}: the command uses --hostfile, so the world size is not in the log;"
-                " pass --num-gpus (or --nnodes)"
+                f"{f.where}: the command uses --hostfile, so the world size is not in the log",
+                source=f.where,
+                field="num_gpus",
+                expected="the world size",
+                hint="pass {num_gpus} (or {nnodes})",
             )
         num_gpus = cmd["nproc_per_node"] * (nnodes or 1)
-    dp = res.get("dp")
+    dp = f.results.get("dp")
     if num_gpus is None and dp is not None and tp is not None and pp is not None:
         num_gpus = dp * tp * pp
     if num_gpus is None:
-        raise AisimError(f"{where}: the world size is not in the log; pass --num-gpus")
+        raise AisimError(
+            f"{f.where}: the world size is not in the log",
+            source=f.where,
+            field="num_gpus",
+            expected="the world size",
+            hint="pass {num_gpus}",
+        )
+    return num_gpus
 
-    zero = get("zero")
-    plugin_s = str(plugin).lower() if plugin is not None else None
-    if plugin_s and plugin_s.startswith(("gemini", "fsdp")):
-        zero, pp = 3, 1  # Gemini and FSDP shard everything, without pipeline stages
-    row.update(num_gpus=num_gpus, tp=tp, pp=pp, zero_stage=zero, plugin=plugin)
+
+def _layout_columns(f: _RunFacts) -> dict[str, Any]:
+    """num_gpus, tp, pp, dp, zero_stage and plugin (Gemini and FSDP shard everything)."""
+    tp, pp = f.get("tp"), f.get("pp")
+    sp = f.get("sp") or 1
+    if sp > 1:
+        raise bad_value(f.where, "sp", sp, "1: Colossal-AI's sequence parallelism is not modelled")
+    num_gpus = _world_size(f, tp, pp)
+    plugin = f.get("plugin")
+    zero = f.get("zero")
+    if plugin is not None and str(plugin).lower().startswith(("gemini", "fsdp")):
+        zero, pp = int(ZeroStage.PARAMETERS), 1  # without pipeline stages
+    dp = f.results.get("dp")
     if dp is None and tp is not None and pp is not None and num_gpus % (tp * pp) == 0:
         dp = num_gpus // (tp * pp)
-    row["dp"] = dp
+    return dict(num_gpus=num_gpus, tp=tp, pp=pp, zero_stage=zero, plugin=plugin, dp=dp)
 
-    per_dp = get("batch_size")
-    gbs = ov.get("global_batch_size", res.get("global_batch_size"))
+
+def _batch_columns(f: _RunFacts, dp: int | None, pp: int | None) -> dict[str, Any]:
+    """global_batch_size, batch_size_per_dp and, with pipelining known, the microbatches."""
+    per_dp = f.get("batch_size")
+    gbs = f.overrides.get("global_batch_size", f.results.get("global_batch_size"))
     if gbs is None and per_dp is not None and dp is not None:
         gbs = per_dp * dp
-    if gbs is None and per_dp is None and "step_time_s" not in res:
-        raise AisimError(f"{where}: the batch size is not in the log; pass --batch-size")
-    row["global_batch_size"] = gbs
-    row["batch_size_per_dp"] = per_dp if per_dp is not None else (
-        gbs // dp if gbs is not None and dp else None
-    )  # fmt: skip
-    if row["batch_size_per_dp"] is not None and pp is not None:
-        mbs = get("mbs") if pp > 1 else row["batch_size_per_dp"]
+    if gbs is None and per_dp is None and "step_time_s" not in f.results:
+        raise AisimError(
+            f"{f.where}: the batch size is not in the log",
+            source=f.where,
+            field="batch_size",
+            expected="the batch size",
+            hint="pass {batch_size}",
+        )
+    if per_dp is None and gbs is not None and dp:
+        per_dp = gbs // dp
+    row: dict[str, Any] = {"global_batch_size": gbs, "batch_size_per_dp": per_dp}
+    if per_dp is not None and pp is not None:
+        mbs = f.get("mbs") if pp > 1 else per_dp
         if mbs is not None:
-            if row["batch_size_per_dp"] % mbs:
-                raise bad_value(where, "mbs", mbs, f"a divisor of the batch size per rank "
-                                f"{row['batch_size_per_dp']}")  # fmt: skip
-            row["micro_batch_size"] = mbs
-            row["num_microbatches"] = row["batch_size_per_dp"] // mbs
-    style = get("pp_style")
-    row["interleave"] = get("n_chunks") if style == "interleaved" else (1 if style else None)
-    seq = get("seq_len", "max_length")
-    row["seq_len"] = seq
-    gc = get("grad_checkpoint")
-    row["recompute"] = None if gc is None else ("full" if gc else "none")
-    dtype = ov.get("dtype")
+            if per_dp % mbs:
+                raise bad_value(
+                    f.where, "mbs", mbs, f"a divisor of the batch size per rank {per_dp}"
+                )
+            row.update(micro_batch_size=mbs, num_microbatches=per_dp // mbs)
+    return row
+
+
+def _knob_columns(f: _RunFacts, plugin: Any) -> dict[str, Any]:
+    """interleave, seq_len, recompute and dtype."""
+    style = f.get("pp_style")
+    gc = f.get("grad_checkpoint")
+    dtype = f.overrides.get("dtype")
+    plugin_s = str(plugin).lower() if plugin is not None else None
     if dtype is None and plugin_s:
         dtype = "fp16" if plugin_s.startswith("fsdp") else "bf16"  # as benchmark.py sets them
-    row["dtype"] = dtype
-    row["hardware"] = ov.get("hardware")
-    for key in ("throughput_samples_per_s", "step_time_s", "tflops_per_gpu",
-                "tflops_per_gpu_megatron", "peak_mem_mib", "num_params"):  # fmt: skip
+    return {
+        "interleave": f.get("n_chunks") if style == "interleaved" else (1 if style else None),
+        "seq_len": f.get("seq_len", "max_length"),
+        "recompute": None if gc is None else (Recompute.FULL if gc else Recompute.NONE).label,
+        "dtype": dtype,
+    }
+
+
+def run_row(run: Run, overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One measurement row (canonical column names) for one run.
+
+    Raises:
+      AisimError: ``source`` ``where``; a setting the log does not give names the override that
+        supplies it in its ``hint`` (``{num_gpus}``, ``{batch_size}``).
+    """
+    f = _facts(run, overrides, where)
+    row: dict[str, Any] = _model_columns(f)
+    row.update(_layout_columns(f))
+    row.update(_batch_columns(f, row["dp"], row["pp"]))
+    row.update(_knob_columns(f, row["plugin"]))
+    row["hardware"] = f.overrides.get("hardware")
+    res = f.results
+    for key in _RESULT_COLUMNS:
         row[key] = res.get(key)
-    row["flop_convention"] = FLOP_CONVENTION.get(res["log_format"]) if "tflops_per_gpu" in res \
-        else None  # fmt: skip
+    row["flop_convention"] = (
+        FLOP_CONVENTION.get(res["log_format"]) if "tflops_per_gpu" in res else None
+    )
     row["log_format"] = res["log_format"]
     row["command"] = run.command
     return row
@@ -312,8 +388,12 @@ def parse_log(
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
-        raise AisimError(f"unknown Colossal-AI override(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(OVERRIDES)}")  # fmt: skip
+        raise AisimError(
+            f"unknown Colossal-AI override(s) {', '.join(unknown)}; known: {', '.join(OVERRIDES)}",
+            field="overrides",
+            value=unknown,
+            expected="keys from " + ", ".join(OVERRIDES),
+        )
     rows, numbers, skipped = [], [], []
     for n, run in enumerate(split_runs(text), start=1):
         where = f"{source}: run {n}"
@@ -323,12 +403,34 @@ def parse_log(
         rows.append(run_row(run, overrides, where))
         numbers.append(n)
     if not rows:
-        raise AisimError(f"{source}: no Colossal-AI result line ('Throughput: X samples/sec' or "
-                         f"'sample_per_sec') found")  # fmt: skip
+        raise AisimError(
+            f"{source}: no Colossal-AI result line ('Throughput: X samples/sec' or"
+            " 'sample_per_sec') found",
+            source=source,
+            expected="a Colossal-AI result line",
+        )
     df = pd.DataFrame(rows)
     df.insert(0, "run", numbers)
     df.attrs["skipped"] = skipped
     return df
+
+
+def read_log(path: str | os.PathLike) -> str:
+    """A log's text (bytes that are not UTF-8, as a progress bar may write, are replaced).
+
+    Raises:
+      AisimError: the file is missing, not a regular file (a directory, a FIFO) or unreadable.
+    """
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_file():
+            raise AisimError(f"{path}: not a regular file (expected a log file)", source=str(path))
+        return path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        raise AisimError(f"{path}: file not found", source=str(path)) from None
+    except OSError as e:
+        reason = e.strerror or e
+        raise AisimError(f"{path}: cannot read the log file ({reason})", source=str(path)) from None
 
 
 def import_logs(
@@ -352,10 +454,7 @@ def import_logs(
     """
     frames, skipped = [], []
     for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise AisimError(f"{path}: file not found")
-        text = path.read_text(errors="replace")
+        text = read_log(path)
         raw = parse_log(text, source=str(path), overrides=overrides)
         df = normalise_measurements(
             raw.drop(columns="run"), source=str(path), skip_bad_rows=skip_bad_rows,
@@ -364,7 +463,7 @@ def import_logs(
         skipped += raw.attrs["skipped"] + df.attrs.get("skipped", [])
         frames.append(df)
     if not frames:
-        raise AisimError("no log files given")
+        raise AisimError("no log files given", field="paths", expected="at least one log file")
     out = pd.concat(frames, ignore_index=True)
     out.attrs["skipped"] = skipped
     return out

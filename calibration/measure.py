@@ -18,7 +18,6 @@ import dataclasses
 import datetime
 import math
 import os
-import re
 import statistics
 import time
 from typing import Any
@@ -170,27 +169,40 @@ def hardware_for_devices(devices: list[jax.Device], hardware: str | None) -> str
         if needle in kind:
             return preset
     raise AisimError(
-        f"device kind {devices[0].device_kind!r} has no hardware preset; pass --hardware"
+        field="hardware",
+        expected=f"a hardware preset: device kind {devices[0].device_kind!r} has none",
+        hint="pass {hardware}",
     )
 
 
 def check_config(shape: Shape, cfg: Config, n_devices: int) -> None:
-    """Raises a usage error for a configuration that cannot run on ``n_devices``."""
-    where = f"dp={cfg.dp} tp={cfg.tp} global-batch={cfg.global_batch_size}"
+    """Raises a usage error for a configuration that cannot run on ``n_devices``.
+
+    Raises:
+      AisimError: ``field`` ``dp``, ``global_batch_size`` or the model dimension (``hidden_size``,
+        ``num_heads``, ``num_kv_heads``, ``ffn_hidden_size``, ``vocab_size``) that does not fit.
+    """
     used = cfg.dp * cfg.tp
     if used > n_devices or n_devices % used:
-        raise bad_value(where, "dp*tp", used, f"a divisor of the {n_devices} JAX devices "
-                        "(on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N)")  # fmt: skip
+        raise bad_value(
+            None,
+            "dp",
+            cfg.dp,
+            f"dp·tp = {cfg.dp}·{cfg.tp} = {used}: a divisor of the {n_devices} JAX devices",
+            hint="on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N",
+        )
     if cfg.global_batch_size % cfg.dp:
-        raise bad_value(where, "global-batch", cfg.global_batch_size, f"a multiple of dp={cfg.dp}")
+        raise bad_value(
+            None, "global_batch_size", cfg.global_batch_size, f"a multiple of dp={cfg.dp}"
+        )
     if cfg.tp > 1:
-        dims = {"hidden": shape.hidden_size}
+        dims = {"hidden_size": shape.hidden_size}
         if shape.kind == "transformer":
-            dims.update(heads=shape.num_heads, kv_heads=shape.num_kv_heads,
-                        ffn=shape.ffn_hidden_size, vocab=shape.vocab_size)  # fmt: skip
+            dims.update(num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                        ffn_hidden_size=shape.ffn_hidden_size, vocab_size=shape.vocab_size)  # fmt: skip
         for name, value in dims.items():
             if value % cfg.tp:
-                raise bad_value(where, name, value, f"a multiple of tp={cfg.tp}")
+                raise bad_value(None, name, value, f"a multiple of tp={cfg.tp}")
 
 
 STATISTICS = ("median", "min")
@@ -316,7 +328,7 @@ def measure_many(
     ``steps · rounds`` timed steps. ``on_done(i)`` is called after each job's last round.
     """
     if statistic not in STATISTICS:
-        raise bad_value("statistic", "statistic", statistic, "one of " + ", ".join(STATISTICS))
+        raise bad_value(None, "statistic", statistic, "one of " + ", ".join(STATISTICS))
     devices = list(devices or jax.devices())
     for shape, cfg in jobs:
         check_config(shape, cfg, len(devices))
@@ -365,17 +377,3 @@ def shape_columns(model: str, shape: Shape) -> dict[str, Any]:
     else:
         cols.update(input_size=shape.hidden_size, output_size=shape.hidden_size)
     return cols
-
-
-def parse_int_list(text: str, option: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]``; raises a usage error naming the option."""
-    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise bad_value(
-            option, option.lstrip("-"), text, "comma-separated positive integers"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise bad_value(option, option.lstrip("-"), text, "comma-separated positive integers")
-    return values

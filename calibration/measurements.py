@@ -20,6 +20,7 @@ turns blanks into NaN), ``sequence_parallel``, ``dp_overlap`` and ``fused_attent
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -29,7 +30,10 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from perfmodel.choices import Dtype, Recompute, ZeroStage
 from simbase.errors import AisimError, bad_value, suggest
+from simbase.io import read_text
+from simbase.parse import bool_word
 
 Purpose = Literal["any", "fit", "predict"]
 
@@ -77,7 +81,8 @@ BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention")
 MEASURED = ("step_time_s", "throughput_samples_per_s")
 DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = Recompute.labels()
+ZERO_STAGES = tuple(int(z) for z in ZeroStage)
 DTYPES: dict[str, str] = {
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "32": "fp32",
     "tf32": "tf32", "tensorfloat32": "tf32",
@@ -86,8 +91,6 @@ DTYPES: dict[str, str] = {
     "fp16-mixed": "fp16", "amp": "fp16", "amp_fp16": "fp16", "mixed": "fp16",
     "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
 }  # fmt: skip
-_TRUE = ("yes", "true", "1", "y", "t", "on")
-_FALSE = ("no", "false", "0", "n", "f", "off")
 _NOT_MEASURED_KINDS = ("simulated", "simulation", "predicted", "estimated")
 
 
@@ -139,29 +142,79 @@ def _as_number(v: Any) -> float:
 
 
 def _as_bool(v: Any) -> bool:
+    """A yes/no cell (``simbase.parse`` words; ``1.0``/``0.0`` as a numeric column writes them)."""
     if isinstance(v, bool | np.bool_):
         return bool(v)
     s = str(v).strip().lower()
-    if s.endswith(".0"):
-        s = s[:-2]
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    raise ValueError
+    out = bool_word(s[:-2] if s.endswith(".0") else s)
+    if out is None:
+        raise ValueError
+    return out
+
+
+class InvalidRows(AisimError):
+    """Some rows of a table are invalid: one error whose ``problems`` are the bad cells.
+
+    Attributes:
+      problems: one :class:`AisimError` per bad cell (``source`` ``FILE:ROW``, ``field`` the
+        column, ``value`` the cell, ``expected``), in row order.
+      rows: the 1-based file rows that are invalid.
+      total: the number of rows in the table.
+      every: say "every row is invalid" (when skipping bad rows left none) instead of how many.
+
+    Rendered as a summary line (``source``: how many rows are invalid, and the ``hint``) followed
+    by one line per problem.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        problems: list[AisimError],
+        rows: list[int],
+        total: int,
+        *,
+        every: bool = False,
+        hint: str | None = None,
+    ):
+        self.problems = list(problems)
+        self.rows = list(rows)
+        self.total = total
+        expected = "every row is invalid" if every else f"{len(rows)} of {total} rows are invalid"
+        super().__init__(source=source, expected=expected, hint=hint)
+
+    def render(self, names=None, source=None) -> str:
+        head = super().render(names, source)
+        return "\n".join([head + ":", *(p.render() for p in self.problems)])
 
 
 class _Problems:
-    """Collects ``(row index, message)`` pairs for the one error raised at the end."""
+    """Collects the bad cells, ``(row index, error)``, for the one error raised at the end."""
 
     def __init__(self, source: str, rows: list[int]):
         self.source = source
         self.rows = rows  # index position -> 1-based file row
-        self.items: list[tuple[int, str]] = []
+        self.items: list[tuple[int, AisimError]] = []
 
     def add(self, i: int, field: str, value: Any, expected: str) -> None:
         where = f"{self.source}:{self.rows[i]}"
-        self.items.append((i, str(bad_value(where, field, value, expected))))
+        self.items.append((i, bad_value(where, field, value, expected)))
+
+    def raise_or_skip(self, df: pd.DataFrame, skip_bad_rows: bool) -> pd.DataFrame:
+        """``df`` without the bad rows (their messages in ``attrs['skipped']``), or raise.
+
+        Raises:
+          InvalidRows: some rows are bad and ``skip_bad_rows`` is false, or every row is bad.
+        """
+        bad = sorted({i for i, _ in self.items})
+        errors = [e for _, e in self.items]
+        n = len(df)
+        if bad and (not skip_bad_rows or len(bad) == n):
+            hint = None if skip_bad_rows else "fix them, or pass {skip_bad_rows} to use the rest"
+            bad_rows = [self.rows[i] for i in bad]
+            raise InvalidRows(self.source, errors, bad_rows, n, every=skip_bad_rows, hint=hint)
+        out = df.drop(index=[df.index[i] for i in bad]).reset_index(drop=True)
+        out.attrs["skipped"] = [str(e) for e in errors]
+        return out
 
 
 def _rename(df: pd.DataFrame) -> pd.DataFrame:
@@ -242,18 +295,36 @@ def normalise_measurements(
       AisimError: a required column is missing, or some rows are bad and not skipped.
     """
     rows = list(rows) if rows is not None else list(range(1, len(df) + 1))
-    df = _rename(df.reset_index(drop=True))
+    df = _with_defaults(_rename(df.reset_index(drop=True)), defaults)
+    _check_required(df, source, purpose)
+    problems = _Problems(source, rows)
+    out = _normalise_values(df, problems)
+    _derive_parallel(out, problems)
+    _check_rows(out, problems, purpose)
+    out["measured_step_time_s"], out["has_measurement"] = _measured(out)
+    for col in POSITIVE_INT + ("zero_stage",):
+        if col in out.columns:
+            out[col] = _to_int(out[col])
+    out["source_file"] = source
+    out["source_row"] = pd.array(rows, dtype="Int64")
+    return problems.raise_or_skip(out, skip_bad_rows)
+
+
+def _with_defaults(df: pd.DataFrame, defaults: Mapping[str, Any] | None) -> pd.DataFrame:
+    """``df`` with each default filling its (canonical) column where absent or blank."""
     for name, value in (defaults or {}).items():
         canon = _ALIAS_OF.get(_key(name), name)
         if canon not in df.columns:
             df[canon] = value
         else:
             df[canon] = df[canon].astype(object).where(~df[canon].map(_blank), value)
-    _check_required(df, source, purpose)
-    problems = _Problems(source, rows)
-    n = len(df)
-    out = df.copy()
+    return df
 
+
+def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
+    """Numbers, preset names, dtype and recompute labels and yes/no switches, checked cell by
+    cell (a bad cell is a problem and becomes blank)."""
+    out = df.copy()
     for col in POSITIVE_INT + POSITIVE_FLOAT + ("zero_stage",):
         if col in df.columns:
             out[col] = _numbers(df[col], col, problems)
@@ -266,48 +337,29 @@ def normalise_measurements(
             )
     if "dtype" in df.columns:
         out["dtype"] = _choice(df["dtype"], "dtype", problems, lambda s: DTYPES.get(s),
-                               "one of fp32, tf32, bf16, fp16, fp8")  # fmt: skip
+                               "one of " + ", ".join(Dtype.labels()))  # fmt: skip
     if "recompute" in df.columns:
         out["recompute"] = _choice(df["recompute"], "recompute", problems,
                                    lambda s: s if s in RECOMPUTE else None,
-                                   "one of none, selective, full")  # fmt: skip
+                                   "one of " + ", ".join(RECOMPUTE))  # fmt: skip
     for col in BOOLEAN:
-        if col not in df.columns:
-            continue
-        vals: list[Any] = []
-        for i, v in enumerate(df[col]):
-            if _blank(v):
-                vals.append(pd.NA)
-                continue
-            try:
-                vals.append(_as_bool(v))
-            except ValueError:
-                problems.add(i, col, v, "yes/no, true/false or 1/0")
-                vals.append(pd.NA)
-        out[col] = pd.array(vals, dtype="boolean")
-
-    _derive_parallel(out, problems)
-    _check_rows(out, problems, purpose)
-    out["measured_step_time_s"], out["has_measurement"] = _measured(out)
-    for col in POSITIVE_INT + ("zero_stage",):
-        if col in out.columns:
-            out[col] = _to_int(out[col])
-    out["source_file"] = source
-    out["source_row"] = pd.array(rows, dtype="Int64")
-
-    bad = sorted({i for i, _ in problems.items})
-    messages = [m for _, m in problems.items]
-    if bad and not skip_bad_rows:
-        head = (
-            f"{source}: {len(bad)} of {n} rows are invalid"
-            " (fix them, or pass --skip-bad-rows to use the rest):"
-        )
-        raise AisimError("\n".join([head, *messages]))
-    if bad and len(bad) == n:
-        raise AisimError("\n".join([f"{source}: every row is invalid:", *messages]))
-    out = out.drop(index=[out.index[i] for i in bad]).reset_index(drop=True)
-    out.attrs["skipped"] = messages
+        if col in df.columns:
+            out[col] = _booleans(df[col], col, problems)
     return out
+
+
+def _booleans(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
+    vals: list[Any] = []
+    for i, v in enumerate(col):
+        if _blank(v):
+            vals.append(pd.NA)
+            continue
+        try:
+            vals.append(_as_bool(v))
+        except ValueError:
+            problems.add(i, name, v, "yes/no, true/false or 1/0")
+            vals.append(pd.NA)
+    return pd.array(vals, dtype="boolean")
 
 
 def load_measurements(
@@ -319,36 +371,58 @@ def load_measurements(
 ) -> pd.DataFrame:
     """Reads a measurement / configuration CSV and normalises it (see :func:`normalise_measurements`).
 
-    Every cell is read as text first, so that a literal ``nan`` or ``inf`` is reported as a bad
-    value rather than taken for a blank.
+    Every cell is read as text first (:func:`read_csv_cells`), so that a literal ``nan`` or
+    ``inf`` is reported as a bad value rather than taken for a blank.
 
     Raises:
       AisimError: the file is missing or unreadable, or has bad rows (see above).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise AisimError(f"{path}: file not found")
-    try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise AisimError(f"{path}: not a readable CSV ({str(e).strip().splitlines()[0]})") from None
-    raw.columns = [str(c).strip() for c in raw.columns]
+    raw = read_csv_cells(path)
     return normalise_measurements(
         raw, source=str(path), skip_bad_rows=skip_bad_rows, defaults=defaults, purpose=purpose
     )
+
+
+def read_csv_cells(path: str | os.PathLike) -> pd.DataFrame:
+    """A CSV file as read, every cell as text (blank cells as ``""``), headers stripped.
+
+    Raises:
+      AisimError: the file is missing, not a regular file (a directory, a FIFO), unreadable,
+        or not a CSV table (``source`` is the path).
+    """
+    path = Path(path)
+    text = read_text(path, "CSV file")
+    try:
+        raw = pd.read_csv(
+            io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=True
+        )
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        reason = str(e).strip().splitlines()[0]
+        raise AisimError(
+            f"{path}: not a readable CSV ({reason})", source=str(path), expected="a CSV table"
+        ) from None
+    raw.columns = [str(c).strip() for c in raw.columns]
+    return raw
 
 
 def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
     def accepted(canon: str) -> str:
         return ", ".join((canon, *ALIASES[canon]))
 
+    def missing(canon: str, why: str = "") -> AisimError:
+        return AisimError(
+            f"{source}: missing required column '{canon}' ({why}accepted headers:"
+            f" {accepted(canon)})",
+            source=source,
+            field=canon,
+            expected=f"a column '{canon}' ({accepted(canon)})",
+            hint=None if why else "or pass a default {" + canon + "}",
+        )
+
     needed = [] if purpose == "any" else ["model", "hardware"]
     for canon in needed:
         if canon not in df.columns:
-            raise AisimError(
-                f"{source}: missing required column '{canon}' (accepted headers: {accepted(canon)};"
-                " or give a default)"
-            )
+            raise missing(canon)
     if purpose == "fit":
         has_time = "step_time_s" in df.columns
         has_tput = "throughput_samples_per_s" in df.columns
@@ -356,13 +430,13 @@ def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
             raise AisimError(
                 f"{source}: fitting needs a measured value column: step_time_s"
                 f" ({accepted('step_time_s')}) or throughput_samples_per_s"
-                f" ({accepted('throughput_samples_per_s')})"
+                f" ({accepted('throughput_samples_per_s')})",
+                source=source,
+                field="step_time_s",
+                expected="a column step_time_s or throughput_samples_per_s",
             )
         if not has_time and "global_batch_size" not in df.columns:
-            raise AisimError(
-                f"{source}: missing required column 'global_batch_size' (needed to turn"
-                f" throughput into step time; accepted headers: {accepted('global_batch_size')})"
-            )
+            raise missing("global_batch_size", "needed to turn throughput into step time; ")
 
 
 def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
@@ -379,7 +453,7 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
         if not math.isfinite(x):
             problems.add(i, name, v, "a finite number (leave the cell blank if not measured)")
         elif name == "zero_stage":
-            if x not in (0, 1, 2, 3):
+            if x not in ZERO_STAGES:
                 problems.add(i, name, v, "a ZeRO stage 0, 1, 2 or 3")
             else:
                 vals[i] = x

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from perfmodel.constants import TIER_KEYS, Constants
-from simbase.errors import AisimError, suggest
+from simbase.errors import bad_value, suggest
+from simbase.parse import split_list
 
 # field -> (transform, scale of a softplus field in SI units: a typical magnitude, used so that a
 # raw step of 1 is a relative change of order 1 whatever the units)
@@ -50,7 +51,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "compute_efficiency": ("matmul_efficiency_max", "memory_efficiency_max"),
 }
-# what `aisim calibrate fit` frees when --fit is not given
+# what a fit frees when no names are given
 DEFAULT_FREE = (
     "matmul_efficiency_max",
     "matmul_half_flops",
@@ -62,7 +63,7 @@ _EPS = 1e-6
 
 
 def entry_names() -> list[str]:
-    """Every name ``--fit`` accepts: fields, ``field.tier`` entries and the shorthands."""
+    """Every entry name :func:`parse_free` accepts: fields, ``field.tier`` entries, shorthands."""
     names = list(FIELDS)
     names += [f"{f}.{t}" for f in PER_TIER for t in TIER_KEYS]
     return names + list(GROUPS)
@@ -157,32 +158,36 @@ class Parameterization:
         return out
 
 
-def parse_free(text: str | None, base: Constants) -> Parameterization:
-    """``--fit`` text (comma-separated names; ``None`` = :data:`DEFAULT_FREE`) -> a Parameterization.
+def parse_free(text: str | list[str] | None, base: Constants) -> Parameterization:
+    """Names of the constants to free -> a :class:`Parameterization` over ``base``.
 
-    A per-tier field name frees all its tiers; ``field.tier`` frees one.
+    Args:
+      text: comma-separated entry names (or a list of such strings); ``None`` or empty frees
+        :data:`DEFAULT_FREE`. A per-tier field name frees all its tiers; ``field.tier`` frees one.
+      base: the preset's constants.
 
     Raises:
-      AisimError: an unknown name (with a suggestion), or a name given twice.
+      AisimError: ``field`` ``free``: an unknown name (with a suggestion), a name given twice,
+        or no name at all.
     """
-    names = (
-        [n.strip().lower() for n in text.split(",") if n.strip()] if text else list(DEFAULT_FREE)
-    )
+    if not text:
+        return Parameterization(base=base, free=DEFAULT_FREE)
+    names = [n.lower() for n in split_list(text) or []]
     valid = entry_names()
     entries: list[str] = []
     for n in names:
         if n not in valid:
-            raise AisimError(
-                f"command line: field '--fit' = {n!r}: expected comma-separated constants "
-                f"from: {', '.join(valid)}{suggest(n, valid)}"
+            raise bad_value(
+                None,
+                "free",
+                n,
+                f"comma-separated constants from: {', '.join(valid)}{suggest(n, valid)}",
             )
         expanded = [f"{n}.{t}" for t in TIER_KEYS] if n in PER_TIER else [n]
         for e in expanded:
             if e in entries:
-                raise AisimError(f"command line: field '--fit' = {text!r}: {e} is named twice")
+                raise bad_value(None, "free", text, f"each constant once ({e} is named twice)")
             entries.append(e)
     if not entries:
-        raise AisimError(
-            "command line: field '--fit' is empty: expected at least one constant name"
-        )
+        raise bad_value(None, "free", text, "at least one constant name")
     return Parameterization(base=base, free=tuple(entries))

@@ -12,29 +12,32 @@ come from the hardware preset. Collaboration profiles (``aisim collab fit``) add
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from perfmodel.constants import Constants, constants_from_si_dict
-from simbase.errors import AisimError
+from simbase.errors import AisimError, bad_value
+from simbase.io import read_json
 
 PROFILE_SCHEMA = "aisim.profile/1"
 
 
 def read_profile(path: str | Path) -> dict[str, Any]:
-    """Reads and validates a profile JSON document (any aisim profile kind)."""
+    """Reads and validates a profile JSON document (any aisim profile kind).
+
+    Raises:
+      AisimError: the file is missing or unreadable, not JSON, or not a profile (``source`` is
+        the path).
+    """
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AisimError(f"{path}: profile file not found") from None
-    except json.JSONDecodeError as e:
-        raise AisimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    doc = read_json(path, what="profile file")
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise AisimError(
-            f"{path}: field 'schema' = {doc.get('schema') if isinstance(doc, dict) else doc!r}: "
-            f"expected {PROFILE_SCHEMA!r} (write one with `aisim calibrate fit --out`)"
+        raise bad_value(
+            str(path),
+            "schema",
+            doc.get("schema") if isinstance(doc, dict) else doc,
+            repr(PROFILE_SCHEMA),
+            hint="a calibration fit writes one",
         )
     return doc
 
@@ -43,15 +46,15 @@ def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profil
     """The profile's constants over ``base`` (a hardware preset's defaults)."""
     consts = doc.get("constants", {})
     if not isinstance(consts, dict):
-        raise AisimError(f"{where}: field 'constants' must be an object of SI values")
+        raise bad_value(where, "constants", consts, "an object of SI values")
     for k, v in consts.items():
         if not hasattr(base, k):
-            raise AisimError(f"{where}: field 'constants.{k}' is not a model constant")
+            raise AisimError(
+                source=where, field=f"constants.{k}", expected="a model constant's name"
+            )
         vals = v if isinstance(v, list) else [v]
         if not all(isinstance(x, int | float) and x >= 0 for x in vals):
-            raise AisimError(
-                f"{where}: field 'constants.{k}' = {v!r}: expected non-negative SI numbers"
-            )
+            raise bad_value(where, f"constants.{k}", v, "non-negative SI numbers")
     return constants_from_si_dict(consts, base)
 
 
@@ -64,8 +67,11 @@ def load_profile_constants(path: str | Path, hardware_name: str, base: Constants
     doc = read_profile(path)
     hw = str(doc.get("hardware", "")).lower()
     if hw and hw != hardware_name.lower():
-        raise AisimError(
-            f"{path}: field 'hardware' = {hw!r}: this profile was fitted for {hw}, "
-            f"but the run uses {hardware_name!r} (pass --hardware {hw})"
+        raise bad_value(
+            str(path),
+            "hardware",
+            hw,
+            f"the run's hardware {hardware_name!r} (this profile was fitted for {hw})",
+            hint="pass {hardware} " + hw,
         )
     return profile_constants(doc, base, str(path))

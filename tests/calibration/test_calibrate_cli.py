@@ -1,12 +1,15 @@
 """`aisim calibrate fit/predict`: JSON keys, profile round trip, determinism, bad rows."""
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from aisim.app import app
+from simbase.errors import AisimError
 
 DATA = Path(__file__).parents[2] / "calibration" / "data"
 SHIPPED = Path(__file__).parents[2] / "calibration" / "data"
@@ -104,3 +107,53 @@ def test_bad_fit_names_exit_2(tmp_path):
     meas = str(DATA / "korthikanti2022_table5_iteration_time.csv")
     r = runner.invoke(app, ["calibrate", "fit", meas, "--fit", "matmul_eficiency_max"])
     assert r.exit_code == 2 and "--fit" in r.stderr and "matmul_efficiency_max" in r.stderr
+
+
+def test_bad_fit_names_are_data_in_the_library():
+    from calibration import parse_free
+    from perfmodel import load_hardware
+
+    base = load_hardware("a100-80gb").constants
+    with pytest.raises(AisimError) as e:
+        parse_free("matmul_eficiency_max", base)
+    assert e.value.field == "free" and e.value.value == "matmul_eficiency_max"
+    assert "matmul_efficiency_max" in e.value.expected and "--fit" not in str(e.value)
+
+
+@pytest.mark.parametrize("command", ["fit", "predict"])
+def test_input_that_is_not_a_regular_file_is_one_line(tmp_path, command):
+    # a directory, a FIFO (which pandas would block on) and /proc/self/mem (an I/O error)
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    for path, why in (
+        (tmp_path, "not a regular file (expected a CSV file)"),
+        (fifo, "not a regular file (expected a CSV file)"),
+        (Path("/proc/self/mem"), "cannot read the CSV file"),
+    ):
+        r = runner.invoke(app, ["calibrate", command, str(path), "--hardware", "a100-80gb"])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith(f"error: {path}: {why}"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_profile_for_other_hardware_names_the_flag(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(
+        json.dumps({"schema": "aisim.profile/1", "hardware": "a100-80gb", "constants": {}})
+    )
+    table = tmp_path / "t.csv"
+    table.write_text("model,num_gpus,tp,pp,global_batch_size,micro_batch_size\ngpt2,8,1,1,64,8\n")
+    r = runner.invoke(
+        app, ["calibrate", "predict", str(table), "--hardware", "h200", "--profile", str(prof)]
+    )
+    assert r.exit_code == 2, r.output
+    assert f"{prof}: field 'hardware' = 'a100-80gb'" in r.stderr
+    assert "pass --hardware a100-80gb" in r.stderr
+
+
+def test_fit_without_measured_rows_is_one_line(tmp_path):
+    table = tmp_path / "t.csv"
+    table.write_text("model,hardware,num_gpus,global_batch_size,step_time_s\ngpt2,h200,8,64,\n")
+    r = runner.invoke(app, ["calibrate", "fit", str(table)])
+    assert r.exit_code == 2, r.output
+    assert f"{table}: field 'measured_step_time_s'" in r.stderr and "nothing to fit" in r.stderr

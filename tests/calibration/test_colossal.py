@@ -90,8 +90,12 @@ def test_hostfile_without_world_size_is_a_clear_error(tmp_path):
     log.write_text("colossalai run --nproc_per_node 8 --hostfile hosts benchmark.py -c 70b -b 4\n"
                    "Throughput: 3.27 samples/sec, TFLOPS per GPU by Megatron: 470.1, "
                    "TFLOPS per GPU: 469.10\n")  # fmt: skip
-    with pytest.raises(AisimError, match="--hostfile.*pass --num-gpus"):
+    with pytest.raises(AisimError, match="uses --hostfile") as e:
         import_logs([log])
+    # the library names its argument; the CLI names the flag (test_cli_hint_names_the_flag)
+    assert e.value.source == f"{log}: run 1" and e.value.field == "num_gpus"
+    assert e.value.hint == "pass {num_gpus} (or {nnodes})"
+    assert str(e.value).endswith("; pass num_gpus (or nnodes)")
     df = import_logs([log], {"nnodes": 2, "hardware": "h200"})
     assert df["num_gpus"].tolist() == [16] and df["global_batch_size"].tolist() == [64]
 
@@ -138,3 +142,27 @@ def test_cli_bad_option_is_one_line_exit_2(tmp_path):
                                       "--hardware", "h1OO"])  # fmt: skip
     assert res.exit_code == 2
     assert "expected a hardware preset" in res.output
+
+
+def test_cli_hint_names_the_flag(tmp_path):
+    log = tmp_path / "multi.log"
+    log.write_text("colossalai run --nproc_per_node 8 --hostfile hosts benchmark.py -c 70b -b 4\n"
+                   "Throughput: 3.27 samples/sec, TFLOPS per GPU: 469.10\n")  # fmt: skip
+    res = CliRunner().invoke(_app(), ["import-colossal", str(log), "--hardware", "h200"])
+    assert res.exit_code == 2
+    assert f"{log}: run 1: the command uses --hostfile" in res.output
+    assert "pass --num-gpus (or --nnodes)" in res.output
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_cli_log_that_is_not_a_file_is_one_line(tmp_path, kind):
+    import os
+
+    path = tmp_path / "logs"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    res = CliRunner().invoke(_app(), ["import-colossal", str(path)])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == f"error: {path}: not a regular file (expected a log file)"

@@ -62,7 +62,7 @@ def test_measure_one_mlp_trains_and_counts_params():
         (["--model", "gtp2"], "did you mean gpt2"),
         ([], "exactly one of --model"),
         (["--params", "20K", "--dtype", "fp64"], "one of fp32, bf16, fp16"),
-        (["--params", "20K", "--out", "x.txt"], "expected one of .csv"),
+        (["--params", "20K", "--out", "x.txt"], "expected a file name ending in .csv"),
         ([*TINY_GPT, "--hidden", "30"], "a divisor of --hidden 30"),
     ],
 )
