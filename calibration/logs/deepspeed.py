@@ -14,7 +14,9 @@ Contract: :func:`parse` reads what DeepSpeed itself prints (its logger's prefix 
   ``train_batch_size / C``;
 - the FLOPS profiler summary (``profiling/flops_profiler/profiler.py``): ``world size``,
   ``data parallel size``, ``model parallel size``, ``batch size per GPU``, ``iter latency`` and
-  ``FLOPS per GPU``, used for the world size and the FLOP rate.
+  ``FLOPS per GPU``, used for the world size and the FLOP rate;
+- before DeepSpeed 0.7 (2022-07), the timer printed ``E/S, SamplesPerSec=A`` every
+  ``steps_per_print`` micro-steps, ``A`` a running average: see :func:`_from_running_average`.
 
 Every rank prints the timer line (one node's ranks share stdout without a prefix): the first
 line of each global step counts, the others are dropped. A timer line after a ``[deepspeed]
@@ -46,6 +48,9 @@ TIMER = re.compile(
     r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=" + _NUM
     + r", CurrSamplesPerSec=" + _NUM
 )  # fmt: skip
+# Before DeepSpeed 0.7 (2022-07): "E/S, SamplesPerSec=A", A the running average since micro-step 2.
+OLD_TIMER = re.compile(r"\b(\d+)/(\d+), SamplesPerSec=" + _NUM)
+_START_STEP = 2  # ThroughputTimer(start_step=2): the first two (micro-)steps are not timed
 CONFIG_START = re.compile(r"DeepSpeedEngine configuration:")
 _CONFIG_LINE = re.compile(r"\]\s{1,3}([A-Za-z_]\w*) (?:\.+ | )(.*)$|^\s{2}([A-Za-z_]\w*) \.+ (.*)$")
 _JSON_START = re.compile(r"\bjson = (\{.*)$")
@@ -110,6 +115,7 @@ def parse(
     seen: set[int] = set()
     in_config = overflow = False
     tflops: list[tuple[float, int]] = []
+    old: list[list[tuple[int, int, int, float, bool]]] = [[]]  # line, epoch, micro-step, avg, ok
     i = 0
     while i < len(lines):
         ln, t = lines[i], lines[i].text
@@ -149,6 +155,15 @@ def parse(
             # samples per second -> seconds, once the batch size is known
             cur.append(Sample(ln.no, step, curr, 1, ok=not overflow and curr > 0))
             overflow = False
+        elif m := OLD_TIMER.search(t):
+            epoch, micro, avg = int(m.group(1)), int(m.group(2)), float(m.group(3))
+            prev = old[-1][-1] if old[-1] else None
+            if prev and (epoch, micro) == prev[1:3]:
+                continue  # another host's copy
+            if prev and epoch <= prev[1] and micro < prev[2]:
+                old.append([])  # the count went back: a restart
+            old[-1].append((ln.no, epoch, micro, avg, not overflow and avg > 0))
+            overflow = False
         else:
             stripped = t.strip()
             for label, col in _PROFILER.items():
@@ -157,7 +172,7 @@ def parse(
             if m := _FLOPS.search(stripped):
                 tflops.append((float(m.group(1)) * _SCALE[m.group(2)], ln.no))
     _config(b, cfg)
-    if not any(stretches):
+    if not any(stretches) and not any(old):
         raise AisimError(
             source=path, expected="DeepSpeed 'epoch=E/micro_step=M/global_step=G, "
             "RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C' timer lines",
@@ -167,10 +182,16 @@ def parse(
     b.apply(overrides)
     _derive(b)
     gbs = b.get("global_batch_size")
+    # CurrSamplesPerSec is train_batch_size over one step's time.
+    timed = [
+        [Sample(s.line, s.step, gbs / s.step_time_s if s.ok else float("nan"), 1, s.ok) for s in c]
+        for c in stretches
+    ]
+    if any(old):
+        gas = b.get("gradient_accumulation_steps") or 1
+        timed += [_from_running_average(c, gbs, gas) for c in old if c]
     kept, warmup = [], 0
-    for cur in stretches:
-        times = [Sample(s.line, s.step, gbs / s.step_time_s if s.ok else float("nan"), 1, s.ok)
-                 for s in cur]  # fmt: skip
+    for times in timed:
         k, w = drop_warmup(times, skip_iterations)
         kept += k
         warmup += w
@@ -180,6 +201,35 @@ def parse(
         b.put("tflops_per_gpu", tflops[-1][0], tflops[-1][1])
         b.values["flop_convention"] = FLOP_CONVENTION
     return [b.row()]
+
+
+def _from_running_average(
+    entries: list[tuple[int, int, int, float, bool]], gbs: int, gas: int
+) -> list[Sample]:
+    """Step times from the old timer's running averages, one program start.
+
+    The timer reports ``A(N) = mbs·dp·(N - 2) / T(N)`` after micro-step ``N`` (``T``: time since
+    micro-step 2), so between two lines ``T(N2) - T(N1) = mbs·dp·((N2-2)/A2 - (N1-2)/A1)`` and a
+    step of ``gbs`` samples takes ``gbs·((N2-2)/A2 - (N1-2)/A1) / (N2 - N1)`` seconds (``mbs·dp``
+    cancels). ``N`` restarts at each epoch while the average does not: lines after the first
+    epoch cannot be differenced and are left out.
+    """
+    out: list[Sample] = []
+    first_epoch = entries[0][1]
+    prev: tuple[int, int, int, float, bool] | None = None
+    for no, epoch, n, avg, ok in entries:
+        base = prev[2] if prev is not None else _START_STEP
+        micro = max(n - base, 1)
+        if epoch != first_epoch or n <= _START_STEP:
+            value, ok = float("nan"), False
+        elif prev is None:
+            value = gbs / avg
+        else:
+            value = gbs * ((n - 2) / avg - (prev[2] - 2) / prev[3]) / (n - prev[2])
+        steps = max(round(micro / gas), 1)
+        out.append(Sample(no, n // gas, value, steps, ok and (prev is None or prev[3] > 0)))
+        prev = (no, epoch, n, avg, ok)
+    return out
 
 
 def _derive(b: RowBuilder) -> None:

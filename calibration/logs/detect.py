@@ -25,6 +25,7 @@ _MEASURED = (
     ("megatron", re.compile(r"\biteration\s+\d+/\s*\d+\s*\|.*elapsed time per iteration")),
     ("torchtitan", torchtitan.STEP),
     ("deepspeed", deepspeed.TIMER),
+    ("deepspeed", deepspeed.OLD_TIMER),
     (
         "colossal",
         re.compile(
