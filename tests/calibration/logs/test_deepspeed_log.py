@@ -49,8 +49,10 @@ def test_old_timer_running_average_is_differenced(tmp_path):
         t += (n - prev) * dt
         prev = n
         avg = 32 * (n - 2) / t
-        lines.append(f"[2021-06-01 10:00:00,000] [INFO] [timer.py:166:stop] 0/{n}, "
-                     f"SamplesPerSec={avg!r}, MemAllocated=3.1GB, MaxMemAllocated=9.8GB")  # fmt: skip
+        head = "[2021-06-01 10:00:00,000] [INFO] [timer.py:166:stop]"
+        lines.append(
+            f"{head} 0/{n}, SamplesPerSec={avg!r}, MemAllocated=3.1GB, MaxMemAllocated=9.8GB"
+        )
     log = tmp_path / "old.log"
     log.write_text(
         "[2021-06-01 09:59:00,000] [INFO] [launch.py:113:main] dist_world_size=8\n"
