@@ -102,12 +102,8 @@ def parse(
     b = RowBuilder(FORMAT, path)
     ns = _namespace(lines, path)
     args, ns_line = ns if ns else ({}, 0)
-    samples = [
-        Sample(line=ln.no, step=i + 1, step_time_s=float(m.group(1)))
-        for i, (ln, m) in enumerate((ln, STEP_TIME.search(ln.text)) for ln in lines)
-        if m
-    ]
-    samples = [Sample(s.line, i + 1, s.step_time_s) for i, s in enumerate(samples)]
+    found = [(ln.no, m) for ln in lines if (m := STEP_TIME.search(ln.text))]
+    samples = [Sample(no, step, float(m.group(1))) for step, (no, m) in enumerate(found, start=1)]
     if skip_iterations is None and isinstance(args.get("ignore_steps"), int):
         skip, origin = args["ignore_steps"], ns_line
     elif skip_iterations is None:
