@@ -24,42 +24,27 @@ import numpy as np
 import pandas as pd
 
 from perfmodel import search as srch
-from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.choices import Dtype, Schedule
 from perfmodel.constants import Constants
 from perfmodel.cost_models import select_step_fn
 from perfmodel.estimate import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
-    attention_heads,
     check_cost_model,
     gpus_per_node_of,
     resolve_hardware,
     resolve_model,
 )
-from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
+from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import Hardware
 from perfmodel.report import row_to_result
-from perfmodel.strategy import KNOBS
+from perfmodel.sweep_grid import normalise_knobs, pair_grid, positive_list
 from perfmodel.workload import Model, total_params
 from simbase import units
 from simbase.errors import AisimError, bad_value
 
 DEFAULT_GPUS = 1024
 DEFAULT_GLOBAL_BATCH = 1536
-# the knobs a sweep may restrict, by enumerate_strategies's parameter names
-GRID_KNOBS = (
-    "tp",
-    "pp",
-    "micro_batch",
-    "schedule",
-    "interleave",
-    "zero",
-    "recompute",
-    "sequence_parallel",
-    "dtype",
-    "dp_overlap",
-    "fused_attention",
-)
 ProgressFn = Callable[[int, int, str], None]
 
 
@@ -175,9 +160,10 @@ def sweep(
       allow_cross_node_tp: let tensor parallelism span nodes.
       progress: called as ``progress(i, total, "model on hardware")`` before each pair.
       **knobs: restrictions of the grid's axes, by :func:`enumerate_strategies`'s names
-        (:data:`GRID_KNOBS`: ``tp``, ``pp``, ``micro_batch``, ``schedule``, ``interleave``,
-        ``zero``, ``recompute``, ``sequence_parallel``, ``dtype``, ``dp_overlap``,
-        ``fused_attention``), each a list of values; None means every valid value.
+        (:data:`perfmodel.sweep_grid.GRID_KNOBS`: ``tp``, ``pp``, ``micro_batch``,
+        ``schedule``, ``interleave``, ``zero``, ``recompute``, ``sequence_parallel``,
+        ``dtype``, ``dp_overlap``, ``fused_attention``), each a list of values; None means
+        every valid value.
 
     Returns:
       A :class:`SweepResult`.
@@ -190,8 +176,8 @@ def sweep(
     t0 = time.perf_counter()
     _check_options(cost_model, rank_by, top)
     grid_knobs = normalise_knobs(knobs)
-    gpus_l = _positive_list(DEFAULT_GPUS if num_gpus is None else num_gpus, "num_gpus")
-    batch_l = _positive_list(
+    gpus_l = positive_list(DEFAULT_GPUS if num_gpus is None else num_gpus, "num_gpus")
+    batch_l = positive_list(
         DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch, "global_batch"
     )
     pairs = _pairs(models, hardware)
@@ -199,28 +185,53 @@ def sweep(
     for i, (m, hw) in enumerate(pairs):
         if progress is not None:
             progress(i, len(pairs), f"{m.name} on {hw.name}")
-        consts = _constants_for(hw, constants)
         gpn = gpus_per_node_of(hw, gpus_per_node)
         grid = pair_grid(m, hw, gpus_l, batch_l, gpn, grid_knobs, cost_model, allow_cross_node_tp)
-        step_fn = select_step_fn(cost_model)
-        r = srch.search(m.spec, hw.spec, consts, grid, step_fn=step_fn, k=top, rank_by=rank_by)
-        searches.append(PairSearch(m, hw, r))
-        tag = dict(
-            model=m.name,
-            hardware=hw.name,
-            cost_model=cost_model,
-            params=float(total_params(m.spec)),
+        searches.append(
+            _search_pair(
+                m,
+                hw,
+                _constants_for(hw, constants),
+                grid,
+                frames,
+                cost_model=cost_model,
+                top=top,
+                rank_by=rank_by,
+                keep_all=keep_all,
+            )
         )
-        frames.add(r, tag)
-        if keep_all and r.feasible:
-            every = srch.feasible_frame(m.spec, hw.spec, consts, grid, step_fn=step_fn)
-            frames.all.append(every.assign(**tag))
     if progress is not None:
         progress(len(pairs), len(pairs), "")
     if sum(s.result.feasible for s in searches) == 0:
         raise _nothing_feasible(searches)
     several_hardware = len({hw.name for _, hw in pairs}) > 1
     return _assemble(searches, frames, top, rank_by, several_hardware=several_hardware, since=t0)
+
+
+def _search_pair(
+    m: Model,
+    hw: Hardware,
+    consts: Constants,
+    grid: StrategyGrid,
+    frames: _Frames,
+    *,
+    cost_model: str,
+    top: int,
+    rank_by: str,
+    keep_all: bool,
+) -> PairSearch:
+    """Searches one pair's grid on the device and adds its frames, tagged with the model and
+    hardware, to ``frames`` (every feasible row too, with ``keep_all``)."""
+    step_fn = select_step_fn(cost_model)
+    r = srch.search(m.spec, hw.spec, consts, grid, step_fn=step_fn, k=top, rank_by=rank_by)
+    tag = dict(
+        model=m.name, hardware=hw.name, cost_model=cost_model, params=float(total_params(m.spec))
+    )
+    frames.add(r, tag)
+    if keep_all and r.feasible:
+        every = srch.feasible_frame(m.spec, hw.spec, consts, grid, step_fn=step_fn)
+        frames.all.append(every.assign(**tag))
+    return PairSearch(m, hw, r)
 
 
 def _check_options(cost_model: str, rank_by: str, top: int) -> None:
@@ -230,46 +241,6 @@ def _check_options(cost_model: str, rank_by: str, top: int) -> None:
         raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(srch.RANK_KEYS))
     if top < 1:
         raise bad_value(None, "top", top, "a positive integer")
-
-
-def _positive_list(values: int | Sequence[int], field: str) -> list[int]:
-    out = [values] if isinstance(values, int | np.integer) else list(values)
-    for v in out:
-        if int(v) != v or v < 1:
-            raise bad_value(None, field, v, "positive integers")
-    if not out:
-        raise bad_value(None, field, values, "at least one positive integer")
-    return [int(v) for v in out]
-
-
-def normalise_knobs(knobs: dict[str, Sequence[Any] | None]) -> dict[str, list | None]:
-    """Validates the grid restrictions (:data:`GRID_KNOBS`) and reads named choices as their
-    enum members (:mod:`perfmodel.choices`), so that bad values are reported by knob name."""
-    unknown = sorted(set(knobs) - set(GRID_KNOBS))
-    if unknown:
-        raise TypeError(f"sweep() got unexpected knob(s) {', '.join(unknown)}")
-    out: dict[str, list | None] = {k: None for k in GRID_KNOBS}
-    for k, values in knobs.items():
-        if values is None:
-            continue
-        values = list(values)
-        if k in ("tp", "pp", "micro_batch", "interleave"):
-            values = _positive_list(values, k)
-        elif k == "zero":
-            for z in values:
-                if z not in tuple(ZeroStage):
-                    raise bad_value(None, "zero", z, "ZeRO stages among 0, 1, 2, 3")
-            values = [ZeroStage(int(z)) for z in values]
-        elif k == "schedule":
-            values = [Schedule.parse(v, "schedule") for v in values]
-        elif k == "recompute":
-            values = [Recompute.parse(v, "recompute", aliases=RECOMPUTE_ALIASES) for v in values]
-        elif k == "dtype":
-            values = [Dtype.parse(v, "dtype") for v in values]
-        else:  # sequence_parallel, dp_overlap, fused_attention: on/off
-            values = [bool(v) for v in values]
-        out[k] = values or None
-    return out
 
 
 def _pairs(models, hardware) -> list[tuple[Model, Hardware]]:
@@ -291,89 +262,6 @@ def _constants_for(hw: Hardware, constants) -> Constants:
     if constants is None:
         return hw.constants
     return constants(hw) if callable(constants) else constants
-
-
-def pair_grid(
-    model: Model,
-    hw: Hardware,
-    num_gpus: list[int],
-    global_batch: list[int],
-    gpus_per_node: int,
-    knobs: dict[str, list | None],
-    cost_model: str = "aisim",
-    allow_cross_node_tp: bool = False,
-) -> StrategyGrid:
-    """The strategies searched for one (model, hardware): the cost model's grid over every GPU
-    count and global batch, restricted by the knobs (:func:`normalise_knobs`), in the dtypes
-    the hardware supports."""
-    if cost_model == "distir":
-        return distir_grid(num_gpus, global_batch, knobs, gpus_per_node)
-    heads, kv_heads = attention_heads(model)
-    supported = [d.label for d in Dtype if float(hw.spec.peak_flops_per_s[int(d)]) > 0]
-    return enumerate_strategies(
-        num_layers=int(model.spec.num_layers),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        num_gpus=num_gpus,
-        global_batch=global_batch,
-        gpus_per_node=gpus_per_node,
-        allow_cross_node_tp=allow_cross_node_tp,
-        supported_dtypes=supported,
-        **{k: (None if v is None else [_plain(x) for x in v]) for k, v in knobs.items()},
-    )
-
-
-def _plain(value: Any) -> Any:
-    """A named choice as its label (what enumerate_strategies reads), other values unchanged."""
-    if isinstance(value, Schedule | Recompute | Dtype):
-        return value.label
-    return int(value) if isinstance(value, ZeroStage) else value
-
-
-# the knobs DistIR does not sweep, at their values in its grid
-_DISTIR_FIXED = dict(
-    interleave=1,
-    schedule=Schedule.ONE_F_ONE_B,
-    zero_stage=ZeroStage.NONE,
-    recompute=Recompute.NONE,
-    sequence_parallel=0,
-    dtype=Dtype.BF16,
-    dp_overlap=1,
-    fused_attention=0,
-)
-
-
-def distir_grid(
-    num_gpus: list[int], global_batch: list[int], knobs: dict[str, list | None], gpus_per_node: int
-) -> StrategyGrid:
-    """DistIR's own grid (power-of-two dp·tp·pp = N; one microbatch when pp = 1, else 2..128),
-    restricted by the ``tp``, ``pp`` and ``micro_batch`` knobs and crossed with the ``dtype``
-    knob; the knobs DistIR does not sweep stay at their defaults."""
-    from perfmodel.distir import distir_grid_columns
-
-    fixed = {k: float(v) for k, v in _DISTIR_FIXED.items()} | {"gpus_per_node": gpus_per_node}
-    parts = []
-    for n in num_gpus:
-        for b in global_batch:
-            cols = {k: np.asarray(v, np.float32) for k, v in distir_grid_columns(n, b).items()}
-            rows = len(cols["dp"])
-            full = {
-                k: np.broadcast_to(cols.get(k, np.float32(fixed.get(k, 0))), (rows,)).astype(
-                    np.float32
-                )
-                for k in KNOBS
-            }
-            parts.append(StrategyGrid(full, {}))
-    g = concat_grids(parts)
-    if knobs.get("dtype"):  # cross the grid with the dtypes asked for
-        codes = [int(d) for d in dict.fromkeys(knobs["dtype"])]
-        g = StrategyGrid({k: np.tile(v, len(codes)) for k, v in g.columns.items()}, {})
-        g.columns["dtype"] = np.repeat(np.asarray(codes, np.float32), len(g) // len(codes))
-    keep = np.ones(len(g), bool)
-    for knob, col in (("tp", "tp"), ("pp", "pp"), ("micro_batch", "micro_batch_size")):
-        if knobs.get(knob):
-            keep &= np.isin(g.columns[col], knobs[knob])
-    return g.take(keep)
 
 
 @dataclasses.dataclass
