@@ -207,7 +207,7 @@ def main() -> None:
         steady.append(time.perf_counter() - t)
     b = res.best
     print()
-    print("aisim perf grid --model gpt3-175B --gpus 1024 --global-batch 1536 (perfmodel.sweep):")
+    print("aisim perf grid --model gpt3-175B --gpus 1024 --global-batch 1536:")
     print(
         f"  {res.evaluated} strategies evaluated, {res.feasible} feasible; best dp{b['dp']} tp{b['tp']} "
         f"pp{b['pp']} mbs{b['micro_batch_size']} {b['schedule']} v{b['interleave']} zero{b['zero_stage']} "
