@@ -26,6 +26,7 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
   :func:`reduce_scatter_s`, :func:`all_to_all_s`, :func:`p2p_s`.
 """
 
+from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
 from perfmodel.constants import Constants, constants_to_dict
@@ -44,7 +45,7 @@ from perfmodel.knobs import strategy_from_knobs
 from perfmodel.memory import MemoryBreakdown, memory_per_device
 from perfmodel.report import results_frame
 from perfmodel.search import SearchResult, pareto_mask
-from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown, evaluate_grid, step_time
+from perfmodel.step_time import evaluate_grid, step_time
 from perfmodel.strategy import (
     RECOMPUTE,
     SCHEDULES,

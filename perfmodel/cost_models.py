@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from perfmodel.breakdown import StepBreakdown
 from perfmodel.distir import distir_step_time
-from perfmodel.step_time import StepBreakdown, step_time
+from perfmodel.step_time import step_time
 from simbase.errors import bad_value
 
 StepFn = Callable[..., StepBreakdown]

@@ -38,11 +38,11 @@ from importlib import resources
 import jax.numpy as jnp
 import numpy as np
 
+from perfmodel.breakdown import StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import layers_per_stage, memory_per_device, stage_params
-from perfmodel.step_time import StepBreakdown
 from perfmodel.strategy import KNOBS, Strategy
 from perfmodel.workload import (
     ModelSpec,

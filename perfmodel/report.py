@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule
-from perfmodel.step_time import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.strategy import KNOBS, Strategy
 
 SCALAR_KEYS = (

@@ -22,12 +22,13 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Array, Bool, Float, Int
 
+from perfmodel.breakdown import StepBreakdown
 from perfmodel.choices import ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import HardwareSpec
 from perfmodel.report import results_frame
-from perfmodel.step_time import StepBreakdown, evaluate_grid
+from perfmodel.step_time import evaluate_grid
 from perfmodel.workload import ModelSpec, total_params
 from simbase import units
 

@@ -24,11 +24,12 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from perfmodel import collectives as coll
+from perfmodel.breakdown import BREAKDOWN_TERMS as BREAKDOWN_TERMS  # part of this API
+from perfmodel.breakdown import StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import (
-    MemoryBreakdown,
     layers_per_stage,
     memory_per_device,
     model_state_bytes_per_param,
@@ -48,48 +49,6 @@ from perfmodel.workload import (
 # Adam update traffic per parameter: read gradient, fp32 master, momentum, variance (2+4+4+4)
 # and write master, momentum, variance and the 16-bit weight (4+4+4+2) = 28 bytes.
 ADAM_BYTES_PER_PARAM = 28.0
-BREAKDOWN_TERMS = (
-    "compute_s",
-    "tp_comm_s",
-    "dp_comm_exposed_s",
-    "pp_p2p_s",
-    "bubble_s",
-    "optimizer_s",
-    "overhead_s",
-)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class StepBreakdown:
-    """Named result of one strategy (seconds, bytes, FLOPs; booleans as arrays).
-
-    The terms in :data:`BREAKDOWN_TERMS` add up to ``step_time_s``.
-    """
-
-    compute_s: Float[Array, "*n"]
-    tp_comm_s: Float[Array, "*n"]
-    dp_comm_exposed_s: Float[Array, "*n"]
-    pp_p2p_s: Float[Array, "*n"]
-    bubble_s: Float[Array, "*n"]
-    optimizer_s: Float[Array, "*n"]
-    overhead_s: Float[Array, "*n"]
-    step_time_s: Float[Array, "*n"]
-    dp_comm_total_s: Float[Array, "*n"]
-    throughput_samples_per_s: Float[Array, "*n"]
-    tokens_per_s: Float[Array, "*n"]
-    model_flops: Float[Array, "*n"]
-    hardware_flops: Float[Array, "*n"]
-    mfu: Float[Array, "*n"]
-    hfu: Float[Array, "*n"]
-    model_tflops_per_gpu: Float[Array, "*n"]
-    hardware_tflops_per_gpu: Float[Array, "*n"]
-    cost_per_million_tokens_usd: Float[Array, "*n"]
-    memory: MemoryBreakdown
-    memory_per_device_bytes: Float[Array, "*n"]
-    fits_memory: Float[Array, "*n"]
-    valid: Float[Array, "*n"]
-    feasible: Float[Array, "*n"]
 
 
 def _scaled(op: OpClass, factor) -> OpClass:
