@@ -2,7 +2,7 @@
 
 Every field is an array leaf so that ``calibration`` can differentiate through it, and the grid
 can be evaluated under a calibrated profile unchanged. Defaults come from each hardware preset's
-``constants`` block; a calibrated profile (``aisim calibrate fit --out``) overrides them.
+``constants`` block; a calibrated profile (written by :func:`calibration.fit`) overrides them.
 """
 
 from __future__ import annotations

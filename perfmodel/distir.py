@@ -1,4 +1,4 @@
-"""DistIR's cost model (microsoft/dist-ir) as a one-strategy step function: ``--cost-model distir``.
+"""DistIR's cost model (microsoft/dist-ir) as a one-strategy step function (``cost_model="distir"``).
 
 ``distir_step_time(m, hw, c, s)`` has the signature and result of
 :func:`perfmodel.step_time.step_time` (pure, jittable, vmappable over ``Strategy``) but uses

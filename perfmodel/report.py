@@ -1,6 +1,7 @@
 """Plain-Python views of step-model results: one strategy as a dict, a grid as a DataFrame.
 
-These are the shapes the CLI prints (``--json``) and writes (``--out``); notebooks use them too.
+These are the shapes front ends print and write (JSON documents, result tables); notebooks use
+them too.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def results_frame(s: Strategy, out: StepBreakdown) -> pd.DataFrame:
 
 
 def row_to_result(row: pd.Series | dict) -> dict:
-    """The ``aisim perf estimate --json`` document of one strategy (a row of a results frame)."""
+    """The JSON document of one strategy (a row of a results frame) with plain Python values."""
     r = dict(row)
     doc = {k: _py(r[k]) for k in SCALAR_KEYS}
     doc["feasible"] = bool(r["feasible"])

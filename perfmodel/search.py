@@ -283,7 +283,16 @@ def search(
 def feasible_frame(
     m: ModelSpec, hw: HardwareSpec, c: Constants, grid: StrategyGrid, *, step_fn=None
 ) -> pd.DataFrame:
-    """Every feasible strategy of a grid with its full breakdown (for ``--out``)."""
+    """Every feasible strategy of a grid with its full breakdown (a results file's rows).
+
+    Args:
+      m, hw, c: model, hardware spec and constants.
+      grid: the strategies.
+      step_fn: the one-strategy cost model (default :func:`perfmodel.step_time.step_time`).
+
+    Returns:
+      A :func:`~perfmodel.report.results_frame` of the feasible rows, in grid order.
+    """
     if len(grid) == 0:
         return pd.DataFrame()
     out = evaluate_grid(m, hw, c, grid.strategy(), step_fn=step_fn, min_rows=bucket_rows(len(grid)))
