@@ -183,6 +183,8 @@ def strategy_from_knobs(
         num_gpus=num_gpus, tp=tp, pp=pp, micro_batch_size=micro_batch_size, interleave=interleave
     )
     zero = _parse_zero(zero_stage)
+    if tp_rule not in TP_RULES:
+        raise bad_value(None, "tp_rule", tp_rule, "one of " + ", ".join(TP_RULES))
     _check_tp(tp, num_heads, num_kv_heads, tp_rule)
     dp = _derive_dp(num_gpus, tp, pp, dp)
     if pp > num_layers:

@@ -113,6 +113,7 @@ def test_enums_compare_inside_jit():
         (dict(schedule="zigzag"), "schedule", "zigzag"),
         (dict(recompute="sometimes"), "recompute", "sometimes"),
         (dict(dtype="int4"), "dtype", "int4"),
+        (dict(tp_rule="megatron"), "tp_rule", "megatron"),
     ],
 )
 def test_strategy_from_knobs_raises_with_its_own_field(kw, field, value):
