@@ -75,7 +75,8 @@ def guard(flags: Mapping[str, str] | None = None) -> Iterator[None]:
 
     ``flags`` maps library field names to this command's options. An error about an argument
     (no source) names the command line and its flag; an error from a file keeps its source, and
-    the file's own field names.
+    the file's own field names, while the fields its hint names (``"pass {hardware} h100"``)
+    are what the user can change here: this command's options.
     """
     try:
         yield
@@ -85,12 +86,24 @@ def guard(flags: Mapping[str, str] | None = None) -> Iterator[None]:
         def flag(field: str) -> str:
             return table.get(field) or "--" + field.replace("_", "-")
 
+        if e.source is not None and e.hint:
+            e.hint = _hint_with_flags(e.hint, flag)
         message = e.render(flag if e.source is None else None, source="command line")
         raise fail(message, 2 if e.usage else 1) from None
     except FileNotFoundError as e:
         raise fail(f"{e.filename}: file not found", 2) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
+
+
+def _hint_with_flags(hint: str, flag) -> str:
+    """A hint's ``{field}`` placeholders as this command's options."""
+
+    class Flags(dict):
+        def __missing__(self, key: str) -> str:
+            return flag(key)
+
+    return hint.format_map(Flags())
 
 
 def print_json(obj: Any) -> None:
