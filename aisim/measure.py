@@ -101,6 +101,23 @@ def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len
     return name, shape
 
 
+def _jobs(model, params, dp, tp, global_batch, layers, hidden, heads, seq_len, vocab, ffn):
+    """``(model column, Shape, Config)`` for every combination of the swept options."""
+    from calibration import Config
+
+    layer_list = [None] if layers is None else _positive_ints(layers, "layers")
+    hidden_list = [None] if hidden is None else _positive_ints(hidden, "hidden")
+    shapes = [_shape(model, params, n, h, heads, seq_len, vocab, ffn)
+              for n, h in itertools.product(layer_list, hidden_list)]  # fmt: skip
+    return [
+        (name, shape, Config(dp=d, tp=t, global_batch_size=b))
+        for (name, shape), d, t, b in itertools.product(
+            shapes, _positive_ints(dp, "dp"), _positive_ints(tp, "tp"),
+            _positive_ints(global_batch, "global_batch"),
+        )
+    ]  # fmt: skip
+
+
 def measure(
     model: Annotated[
         str | None, typer.Option(help="Model preset (gpt2, llama2-7b, mlp-small, ...).")
@@ -158,7 +175,6 @@ def measure(
         from calibration import (
             COMPUTE_DTYPES,
             STATISTICS,
-            Config,
             check_config,
             hardware_for_devices,
             measure_many,
@@ -172,17 +188,8 @@ def measure(
             raise bad_value(None, "statistic", statistic, "one of " + ", ".join(STATISTICS))
         if steps < 1 or warmup < 0 or rounds < 1:
             raise AisimError("--steps and --rounds must be at least 1 and --warmup at least 0")
-        layer_list = [None] if layers is None else _positive_ints(layers, "layers")
-        hidden_list = [None] if hidden is None else _positive_ints(hidden, "hidden")
-        shapes = [_shape(model, params, n, h, heads, seq_len, vocab, ffn)
-                  for n, h in itertools.product(layer_list, hidden_list)]  # fmt: skip
-        jobs = [
-            (name, shape, Config(dp=d, tp=t, global_batch_size=b))
-            for (name, shape), d, t, b in itertools.product(
-                shapes, _positive_ints(dp, "dp"), _positive_ints(tp, "tp"),
-                _positive_ints(global_batch, "global_batch"),
-            )
-        ]  # fmt: skip
+        jobs = _jobs(model, params, dp, tp, global_batch, layers, hidden, heads, seq_len, vocab,
+                     ffn)  # fmt: skip
         devices = jax.devices()
         for _, shape, cfg in jobs:
             check_config(shape, cfg, len(devices))

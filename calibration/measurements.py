@@ -10,9 +10,10 @@ returns a DataFrame with canonical names, normalised values and these derived co
   prediction; a ``kind`` of ``simulated`` marks a value as not measured);
 - ``source_file`` and ``source_row`` (1-based data row, the header not counted).
 
-Unknown columns pass through unchanged. Every bad cell is reported as ``FILE:ROW: field 'COL'
-= V: expected ...``; all of them are collected into one :class:`~simbase.errors.AisimError`
-(first line a summary), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
+The vocabulary (canonical columns, aliases, cell readers) is ``calibration.columns``. Unknown
+columns pass through unchanged. Every bad cell is reported as ``FILE:ROW: field 'COL'
+= V: expected ...``; all of them are collected into one :class:`InvalidRows` error (first
+line a summary; its ``problems`` are the cells as data), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
 are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
 turns blanks into NaN), ``sequence_parallel``, ``dp_overlap`` and ``fused_attention`` the nullable
 ``boolean``.
@@ -30,78 +31,31 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from perfmodel.choices import Dtype, Recompute, ZeroStage
+from calibration.columns import (  # noqa: F401  (CANONICAL, MEASURED: re-exported)
+    ALIAS_OF,
+    ALIASES,
+    BOOLEAN,
+    CANONICAL,
+    DIMENSIONS,
+    DTYPES,
+    MEASURED,
+    NOT_MEASURED_KINDS,
+    POSITIVE_FLOAT,
+    POSITIVE_INT,
+    RECOMPUTE,
+    ZERO_STAGES,
+    as_bool,
+    as_number,
+    column_key,
+    is_blank,
+    preset_name,
+    rename_columns,
+)
+from perfmodel.choices import Dtype
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_text
-from simbase.parse import bool_word
 
 Purpose = Literal["any", "fit", "predict"]
-
-# canonical name -> accepted aliases (DESIGN.md, "Measurement / configuration CSV").
-ALIASES: dict[str, tuple[str, ...]] = {
-    "model": ("model_name", "model_size"),
-    "num_layers": (),
-    "hidden_size": (),
-    "num_heads": ("attention_heads",),
-    "seq_len": ("max_length",),
-    "vocab_size": ("vocab",),
-    "ffn_hidden_size": (),
-    "num_kv_heads": (),
-    "hardware": ("gpu", "gpu_type"),
-    "num_gpus": ("world_size",),
-    "gpus_per_node": (),
-    "dp": ("dp_degree", "dp_size", "data_parallel"),
-    "tp": ("hp_degree", "tp_size", "tensor_parallel"),
-    "pp": ("pp_degree", "pp_size", "pipeline_parallel"),
-    "global_batch_size": ("batch_size",),
-    "micro_batch_size": ("microbatch_size", "mbs"),
-    "num_microbatches": (),
-    "interleave": ("pipeline_interleaving", "num_model_chunks"),
-    "recompute": ("recompute_mode", "grad_checkpoint"),
-    "sequence_parallel": (),
-    "dp_overlap": ("overlap_grad_reduce",),
-    "fused_attention": ("flash_attention", "use_flash_attn"),
-    "zero_stage": (),
-    "dtype": ("precision",),
-    "step_time_s": ("latency", "measured_iteration_time_s", "avg_duration"),
-    "throughput_samples_per_s": ("throughput", "throughput_samples_s"),
-    "tflops_per_gpu": (),
-    "flop_convention": (),
-}
-CANONICAL: tuple[str, ...] = tuple(ALIASES)
-
-# Columns holding a positive integer count; zero_stage is checked on its own (0-3).
-POSITIVE_INT = (
-    "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn_hidden_size",
-    "num_kv_heads", "num_gpus", "gpus_per_node", "dp", "tp", "pp", "global_batch_size",
-    "micro_batch_size", "num_microbatches", "interleave",
-)  # fmt: skip
-POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
-BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention")
-MEASURED = ("step_time_s", "throughput_samples_per_s")
-DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
-
-RECOMPUTE = Recompute.labels()
-ZERO_STAGES = tuple(int(z) for z in ZeroStage)
-DTYPES: dict[str, str] = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "32": "fp32",
-    "tf32": "tf32", "tensorfloat32": "tf32",
-    "bf16": "bf16", "bfloat16": "bf16", "bf16-mixed": "bf16", "amp_bf16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16", "16": "fp16",
-    "fp16-mixed": "fp16", "amp": "fp16", "amp_fp16": "fp16", "mixed": "fp16",
-    "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
-}  # fmt: skip
-_NOT_MEASURED_KINDS = ("simulated", "simulation", "predicted", "estimated")
-
-
-def _key(header: str) -> str:
-    return str(header).strip().lower().replace(" ", "_").replace("-", "_")
-
-
-_ALIAS_OF: dict[str, str] = {}
-for _canon, _aliases in ALIASES.items():
-    for _name in (_canon, *_aliases):
-        _ALIAS_OF[_key(_name)] = _canon
 
 
 def _preset_names(kind: str) -> list[str] | None:
@@ -114,42 +68,6 @@ def _preset_names(kind: str) -> list[str] | None:
     except ImportError:
         return None
     return list(model_names())
-
-
-def preset_name(text: str) -> str:
-    """Normalises a model or hardware name: ``'A100-80GB (Selene)'`` -> ``'a100-80gb'``."""
-    text = str(text).strip()
-    if text.endswith(")") and "(" in text:
-        text = text[: text.rindex("(")]
-    return text.strip().lower().replace(" ", "-").replace("_", "-")
-
-
-def _blank(v: Any) -> bool:
-    if v is None or v is pd.NA:
-        return True
-    if isinstance(v, float) and math.isnan(v):
-        return True
-    return isinstance(v, str) and v.strip() == ""
-
-
-def _as_number(v: Any) -> float:
-    """A cell as a float; raises ValueError for text that is not a number."""
-    if isinstance(v, bool | np.bool_):
-        raise ValueError
-    if isinstance(v, int | float | np.integer | np.floating):
-        return float(v)
-    return float(str(v).strip())
-
-
-def _as_bool(v: Any) -> bool:
-    """A yes/no cell (``simbase.parse`` words; ``1.0``/``0.0`` as a numeric column writes them)."""
-    if isinstance(v, bool | np.bool_):
-        return bool(v)
-    s = str(v).strip().lower()
-    out = bool_word(s[:-2] if s.endswith(".0") else s)
-    if out is None:
-        raise ValueError
-    return out
 
 
 class InvalidRows(AisimError):
@@ -217,56 +135,6 @@ class _Problems:
         return out
 
 
-def _rename(df: pd.DataFrame) -> pd.DataFrame:
-    """Maps alias headers to canonical names; coalesces a canonical column with its aliases."""
-    groups: dict[str, list[str]] = {}
-    for col in df.columns:
-        canon = _ALIAS_OF.get(_key(col))
-        if canon is not None:
-            groups.setdefault(canon, []).append(col)
-    out = pd.DataFrame(index=df.index)
-    for col in df.columns:
-        canon = _ALIAS_OF.get(_key(col))
-        if canon is None:
-            out[col] = _infer(df[col])
-            continue
-        if canon in out.columns:
-            continue
-        # The canonical spelling wins; an alias only fills its blanks.
-        cols = sorted(groups[canon], key=lambda c: _key(c) != canon)
-        merged = _column(df, cols[0])
-        for other in cols[1:]:
-            merged = merged.where(~merged.map(_blank), _column(df, other))
-        out[canon] = merged
-    return out
-
-
-def _infer(col: pd.Series) -> pd.Series:
-    """A pass-through column of text becomes numeric when every non-blank cell is a number."""
-    if col.dtype != object and not pd.api.types.is_string_dtype(col):
-        return col
-    filled = col[~col.map(_blank)]
-    try:
-        filled.map(_as_number)
-    except (ValueError, TypeError):
-        return col
-    return pd.to_numeric(col.where(~col.map(_blank), np.nan))
-
-
-def _column(df: pd.DataFrame, col: str) -> pd.Series:
-    s = df[col].astype(object)
-    if _key(col) == "grad_checkpoint":
-        # A boolean: true means full recomputation, false none.
-        def convert(v: Any) -> Any:
-            try:
-                return v if _blank(v) else ("full" if _as_bool(v) else "none")
-            except ValueError:
-                return v  # reported by the recompute check
-
-        s = s.map(convert)
-    return s
-
-
 def normalise_measurements(
     df: pd.DataFrame,
     source: str = "<table>",
@@ -295,7 +163,7 @@ def normalise_measurements(
       AisimError: a required column is missing, or some rows are bad and not skipped.
     """
     rows = list(rows) if rows is not None else list(range(1, len(df) + 1))
-    df = _with_defaults(_rename(df.reset_index(drop=True)), defaults)
+    df = _with_defaults(rename_columns(df.reset_index(drop=True)), defaults)
     _check_required(df, source, purpose)
     problems = _Problems(source, rows)
     out = _normalise_values(df, problems)
@@ -313,11 +181,11 @@ def normalise_measurements(
 def _with_defaults(df: pd.DataFrame, defaults: Mapping[str, Any] | None) -> pd.DataFrame:
     """``df`` with each default filling its (canonical) column where absent or blank."""
     for name, value in (defaults or {}).items():
-        canon = _ALIAS_OF.get(_key(name), name)
+        canon = ALIAS_OF.get(column_key(name), name)
         if canon not in df.columns:
             df[canon] = value
         else:
-            df[canon] = df[canon].astype(object).where(~df[canon].map(_blank), value)
+            df[canon] = df[canon].astype(object).where(~df[canon].map(is_blank), value)
     return df
 
 
@@ -331,7 +199,7 @@ def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
     for col in ("model", "hardware"):
         if col in df.columns:
             out[col] = pd.Series(
-                [np.nan if _blank(v) else preset_name(v) for v in df[col]],
+                [np.nan if is_blank(v) else preset_name(v) for v in df[col]],
                 index=df.index,
                 dtype=object,
             )
@@ -351,11 +219,11 @@ def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
 def _booleans(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
     vals: list[Any] = []
     for i, v in enumerate(col):
-        if _blank(v):
+        if is_blank(v):
             vals.append(pd.NA)
             continue
         try:
-            vals.append(_as_bool(v))
+            vals.append(as_bool(v))
         except ValueError:
             problems.add(i, name, v, "yes/no, true/false or 1/0")
             vals.append(pd.NA)
@@ -443,10 +311,10 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
     vals = np.full(len(col), np.nan)
     integer = name in POSITIVE_INT or name == "zero_stage"
     for i, v in enumerate(col):
-        if _blank(v):
+        if is_blank(v):
             continue
         try:
-            x = _as_number(v)
+            x = as_number(v)
         except ValueError:
             problems.add(i, name, v, "an integer" if integer else "a number")
             continue
@@ -471,7 +339,7 @@ def _choice(
 ) -> pd.Series:
     vals: list[Any] = []
     for i, v in enumerate(col):
-        if _blank(v):
+        if is_blank(v):
             vals.append(np.nan)
             continue
         got = lookup(str(v).strip().lower())
@@ -529,10 +397,10 @@ def _check_rows(df: pd.DataFrame, problems: _Problems, purpose: Purpose) -> None
             continue
         known = set(names)
         for i, v in enumerate(df[kind]):
-            if _blank(v) or v in known:
+            if is_blank(v) or v in known:
                 continue
             if kind == "model" and v == "custom":
-                missing = [c for c in DIMENSIONS if c not in df.columns or _blank(df[c].iloc[i])]
+                missing = [c for c in DIMENSIONS if c not in df.columns or is_blank(df[c].iloc[i])]
                 if missing:
                     problems.add(i, "model", v, f"'custom' with the columns {', '.join(missing)}")
                 continue
@@ -542,7 +410,7 @@ def _check_rows(df: pd.DataFrame, problems: _Problems, purpose: Purpose) -> None
         return
     for kind in ("model", "hardware"):
         for i, v in enumerate(df[kind]):
-            if _blank(v):
+            if is_blank(v):
                 problems.add(i, kind, "", f"a {kind} preset name (the cell is blank)")
     if purpose == "fit" and "throughput_samples_per_s" in df.columns:
         t = df["step_time_s"] if "step_time_s" in df.columns else None
@@ -567,7 +435,7 @@ def _measured(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         derived = nan
     value = t.where(t.notna(), derived)
     if "kind" in df.columns:
-        simulated = df["kind"].map(lambda v: str(v).strip().lower() in _NOT_MEASURED_KINDS)
+        simulated = df["kind"].map(lambda v: str(v).strip().lower() in NOT_MEASURED_KINDS)
         value = value.where(~simulated.astype(bool), np.nan)
     value = value.astype(float)
     return value, value.notna() & np.isfinite(value)

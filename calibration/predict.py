@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from calibration.rows import RowConfig, row_strategy
+from calibration.rows import SEARCHABLE, RowConfig, row_strategy
+from perfmodel.choices import Recompute, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.step_time import evaluate_grid
-from perfmodel.strategy import RECOMPUTE, Strategy
+from perfmodel.strategy import Strategy
 from simbase.errors import AisimError
 
 MAX_MICRO_BATCH = 64
@@ -56,16 +57,20 @@ def _candidates(rc: RowConfig, knob: str) -> list[Any]:
         gbs = int(k["global_batch_size"] or 1)
         return _divisors(gbs, MAX_MICRO_BATCH)
     if knob == "recompute":
-        return list(RECOMPUTE)
+        return list(Recompute.labels())
     if knob == "zero_stage":
-        return [0, 1, 2, 3]
+        return [int(z) for z in ZeroStage]
     if knob == "sequence_parallel":
         return [False, True]
     if knob == "tp":
         return _divisors(gpus, gpn)
     if knob == "pp":
         return _divisors(gpus)
-    raise AisimError(f"{rc.where}: knob {knob!r} cannot be searched")
+    raise AisimError(
+        source=rc.where,
+        field=knob,
+        expected="a knob that can be searched: " + ", ".join(SEARCHABLE),
+    )
 
 
 def row_grid(rc: RowConfig) -> tuple[list[dict[str, Any]], list[Strategy]]:
@@ -86,7 +91,10 @@ def row_grid(rc: RowConfig) -> tuple[list[dict[str, Any]], list[Strategy]]:
             raise first_error
         raise AisimError(
             f"{rc.where}: no value of the blank knobs {', '.join(blanks)} gives a valid strategy"
-            + (f" (for example: {first_error})" if first_error else "")
+            + (f" (for example: {first_error})" if first_error else ""),
+            source=rc.where,
+            field=blanks[0] if len(blanks) == 1 else None,
+            expected="a valid strategy for some value of the blank knobs " + ", ".join(blanks),
         )
     return combos, strategies
 

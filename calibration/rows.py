@@ -264,9 +264,6 @@ def _schedule(k: dict[str, Any], interleave: int, where: str) -> str:
 
 def _relabel(e: AisimError, where: str) -> AisimError:
     """A knob error of ``strategy_from_knobs`` as seen in the table: the row, the columns."""
-    if e.source == "command line":
-        # perfmodel's strategy_from_knobs before it lost its where= argument named no source so
-        e.source = None
     return e.relabel(source=where, names=_KNOB_TO_COLUMN)
 
 

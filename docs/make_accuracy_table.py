@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from calibration.measurements import load_measurements
+from calibration import load_measurements
 from perfmodel import load_hardware, load_model, make_strategy, step_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def korthikanti_rows() -> pd.DataFrame:
     """One row per Table 5 measurement with aisim's uncalibrated prediction and error."""
-    df = load_measurements(ROOT / "calibration" / "data" / "korthikanti2022_table5_iteration_time.csv")
+    df = load_measurements(
+        ROOT / "calibration" / "data" / "korthikanti2022_table5_iteration_time.csv"
+    )
     hw = load_hardware("a100-80gb")
     fn = jax.jit(step_time)
     out = []
