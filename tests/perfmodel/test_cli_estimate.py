@@ -277,3 +277,17 @@ def test_custom_model_and_params_mlp():
     )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["params"] == pytest.approx(60e6, rel=0.01)
+
+
+def test_profile_for_other_hardware_names_the_option_to_pass(tmp_path):
+    from calibration.profile import PROFILE_SCHEMA
+
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"schema": PROFILE_SCHEMA, "hardware": "a100-80gb", "constants": {}}))
+    for cmd in (["estimate"], ["grid", "--model", "gpt3-13b", "--gpus", "64"]):
+        r = run("perf", *cmd, "--profile", str(f), "--hardware", "h100-sxm")
+        assert r.exit_code == 2, r.output
+        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(f) in lines[0] and "pass --hardware a100-80gb" in lines[0]
+    r = run("perf", "estimate", "--profile", str(f), "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["hardware"] == "a100-80gb"
