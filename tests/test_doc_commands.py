@@ -2,7 +2,8 @@
 
 Commands are the ``$ ...`` lines of ```` ```console ```` blocks (see ``docs/doc_commands.py``);
 a trailing ``# exit N`` states an expected non-zero exit code, and a failing command must say why
-in one line on stderr, without a traceback. Each distinct command runs once, in page order, in one
+in one ``error:`` line on stderr, without a traceback (an error about a file may list its bad
+rows on the lines below, one ``file:row:`` line each). Each distinct command runs once, in page order, in one
 scratch folder that links to the repository's folders and holds a copy of ``docs/`` (some commands
 rewrite figures), so ``--out`` files land there and later commands of a page can read them. The
 benchmarks honour ``AISIM_QUICK=1`` (smoke-test sizes), which this test sets.
@@ -10,6 +11,7 @@ benchmarks honour ``AISIM_QUICK=1`` (smoke-test sizes), which this test sets.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import doc_commands  # noqa: E402
 pytestmark = pytest.mark.slow
 
 COMMANDS = doc_commands.all_commands(ROOT)
+ROW_DETAIL = re.compile(r"^\S+:\d+: ")  # `file.csv:3: field 'dp' = 2: expected ...`
 
 
 def _id(c: doc_commands.Command) -> str:
@@ -42,5 +45,7 @@ def test_doc_command_runs(cmd: doc_commands.Command, workdir: Path):
         f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
     )
     if cmd.expected_exit:
+        # one line that says why; an error about a file may list its bad rows below, one each
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert err and err[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+        assert all(ROW_DETAIL.match(ln) for ln in err[1:]), r.stderr
