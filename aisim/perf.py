@@ -12,7 +12,6 @@ from aisim.common import resolve_constants
 from aisim.console import console, flag_names, guard, print_json
 from perfmodel import BREAKDOWN_TERMS, resolve_hardware, resolve_model
 from perfmodel import estimate as estimate_strategy
-from perfmodel.estimate import check_cost_model
 from simbase import units
 
 app = typer.Typer(no_args_is_help=True)
@@ -98,7 +97,6 @@ def estimate_one(
     """The ``aisim perf estimate --json`` document of one strategy, from the command's options
     (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
     :data:`FLAGS` maps to these options)."""
-    check_cost_model(cost_model)
     m = resolve_model(
         model,
         model_file=model_file,

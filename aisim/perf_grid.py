@@ -462,6 +462,9 @@ def _report(
 ):
     """Writes ``--out`` and ``--plot``, then prints the JSON document or the tables."""
     doc = result.to_dict()
+    doc["infeasible_reasons"] = {
+        _reason(k, result.lifted_by): v for k, v in doc["infeasible_reasons"].items()
+    }
     if out is not None and result.all_feasible is not None:
         write_table(result.all_feasible, out)
     if plot is not None:
@@ -474,6 +477,16 @@ def _report(
         console.print(f"wrote {doc['feasible']} feasible strategies to {out}")
     if plot is not None:
         console.print(f"wrote {plot}")
+
+
+def _reason(reason: str, lifted_by: dict[str, str]) -> str:
+    """A rule that pruned strategies, with the option that lifts it when there is one."""
+    field = lifted_by.get(reason)
+    return reason if field is None else f"{reason} (pass {FLAGS.get(field) or _flag(field)})"
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def run_grid(

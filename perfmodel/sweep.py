@@ -70,6 +70,8 @@ class SweepResult:
       seconds: wall time of the sweep.
       pareto: the Pareto front of tokens/s against memory per device, by memory.
       infeasible_reasons: reason -> number of strategies (out of memory, pruned by a rule).
+      lifted_by: reason (a key of ``infeasible_reasons``) -> the :func:`sweep` parameter that
+        lifts the rule (``allow_cross_node_tp``), so that a front end can say what to pass.
       best_per_point: the best strategy of each (model, hardware, GPU count, global batch), when
         there is more than one such point (else empty).
       pareto_gpus: the Pareto front of tokens/s against GPUs over ``best_per_point``, when the
@@ -90,6 +92,7 @@ class SweepResult:
     best_per_point: list[dict] = dataclasses.field(default_factory=list)
     pareto_gpus: list[dict] = dataclasses.field(default_factory=list)
     cost_by_hardware: list[dict] = dataclasses.field(default_factory=list)
+    lifted_by: dict[str, str] = dataclasses.field(default_factory=dict)
     all_feasible: pd.DataFrame | None = None
     searches: tuple[PairSearch, ...] = ()
 
@@ -283,8 +286,14 @@ class _Frames:
                 bucket.append(frame.assign(**tag))
 
 
+def _lifted_by(searches: list[PairSearch]) -> dict[str, str]:
+    """Rule -> the parameter that lifts it, over every pair's grid."""
+    return {k: v for s in searches for k, v in s.result.grid.lifted_by.items()}
+
+
 def _nothing_feasible(searches: list[PairSearch]) -> AisimError:
-    """Why no pair has a feasible strategy, one reason per hardware (``usage=False``)."""
+    """Why no pair has a feasible strategy, one reason per hardware (``usage=False``); when
+    a grid is empty because of a rule that a parameter lifts, the hint names it."""
     msgs = [
         srch.no_feasible_message(
             s.result, s.model.name, float(s.hardware.spec.memory_capacity_bytes)
@@ -293,7 +302,12 @@ def _nothing_feasible(searches: list[PairSearch]) -> AisimError:
     ]
     if len(msgs) > 1:
         msgs = [f"{s.hardware.name}: {m}" for s, m in zip(searches, msgs, strict=True)]
-    return AisimError("; ".join(dict.fromkeys(msgs)), usage=False)
+    empty = [s for s in searches if s.result.evaluated == 0]
+    lifts = {
+        p for s in empty for r, p in s.result.grid.lifted_by.items() if r in s.result.grid.rejected
+    }
+    hint = "pass " + " or ".join("{" + p + "}" for p in sorted(lifts)) if lifts else None
+    return AisimError("; ".join(dict.fromkeys(msgs)), hint=hint, usage=False)
 
 
 def _assemble(
@@ -319,6 +333,7 @@ def _assemble(
     points = pd.concat(frames.points, ignore_index=True) if frames.points else pd.DataFrame()
     caps = [float(s.hardware.spec.memory_capacity_bytes) / units.GIB for s in searches]
     results = [s.result for s in searches]
+    reasons = srch.infeasible_reasons(results, caps)
     top_rows = _results(top_df)
     many_points = len(points) > 1
     return SweepResult(
@@ -328,7 +343,8 @@ def _assemble(
         feasible=int(sum(r.feasible for r in results)),
         seconds=time.perf_counter() - since,
         pareto=_results(front),
-        infeasible_reasons=srch.infeasible_reasons(results, caps),
+        infeasible_reasons=reasons,
+        lifted_by={k: v for k, v in _lifted_by(searches).items() if k in reasons},
         best_per_point=_results(points) if many_points else [],
         pareto_gpus=_gpu_front(points) if many_points else [],
         cost_by_hardware=_cost_by_hardware(points) if several_hardware else [],

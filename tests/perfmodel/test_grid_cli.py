@@ -344,3 +344,14 @@ def test_rank_by_cost_orders_by_price_per_token():
     )
     costs = [t["cost_per_million_tokens_usd"] for t in doc["top"]]
     assert costs == sorted(costs) and np.isfinite(costs).all()
+
+
+def test_a_rule_an_option_lifts_names_the_option():
+    args = ("grid", "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512")
+    r = run(*args, "--tp", "8", "--gpus-per-node", "4")
+    assert r.exit_code == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "tp crosses a node of 4 GPUs" in lines[0]
+    assert lines[0].endswith("pass --allow-cross-node-tp")
+    doc = _json(*args, "--tp", "4,8", "--gpus-per-node", "4", "--zero", "1", "--top", "1")
+    assert doc["infeasible_reasons"]["tp crosses a node of 4 GPUs (pass --allow-cross-node-tp)"]

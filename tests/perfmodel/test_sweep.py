@@ -264,3 +264,24 @@ def test_plot_sweep_writes_a_png_atomically(small, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.tmp"))
     assert np.isfinite(small.best["tokens_per_s"])
+
+
+def test_a_rule_that_a_parameter_lifts_is_named_as_data():
+    e = _error(sweep, "gpt3-13b", num_gpus=64, global_batch=512, tp=[8], gpus_per_node=4)
+    assert e.hint == "pass {allow_cross_node_tp}" and not e.usage
+    r = sweep(
+        "gpt3-13b", num_gpus=64, global_batch=512, tp=[4, 8], gpus_per_node=4, zero=[1], top=1
+    )
+    assert r.lifted_by == {"tp crosses a node of 4 GPUs": "allow_cross_node_tp"}
+    assert r.infeasible_reasons["tp crosses a node of 4 GPUs"] > 0
+    lifted = sweep(
+        "gpt3-13b",
+        num_gpus=64,
+        global_batch=512,
+        tp=[4, 8],
+        gpus_per_node=4,
+        zero=[1],
+        top=1,
+        allow_cross_node_tp=True,
+    )
+    assert lifted.lifted_by == {} and lifted.feasible > r.feasible
