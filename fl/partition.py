@@ -86,7 +86,7 @@ def dirichlet(
     """
     _check_clients(len(labels), num_clients, "partition dirichlet")
     if not alpha > 0:
-        raise bad_value("partition dirichlet", "dirichlet-alpha", alpha, "a number > 0")
+        raise bad_value("partition dirichlet", "dirichlet_alpha", alpha, "a number > 0")
     classes = np.unique(labels)
     for _ in range(max_tries):
         rows: list[list[int]] = [[] for _ in range(num_clients)]
@@ -100,7 +100,10 @@ def dirichlet(
             return from_lists([np.array(r) for r in rows])
     raise AisimError(
         f"partition dirichlet: could not give each of {num_clients} clients {min_size} samples "
-        f"with dirichlet-alpha {alpha}; use fewer clients or a larger alpha"
+        f"with alpha {alpha}",
+        field="dirichlet_alpha",
+        value=alpha,
+        hint="use fewer {clients} or a larger {dirichlet_alpha}",
     )
 
 
@@ -162,6 +165,6 @@ def partition(
         return shards(labels, num_clients, rng)
     if name == "quantity":
         return quantity(len(labels), num_clients, rng)
-    from simbase.errors import suggest
+    from fl.config import unknown_name
 
-    raise AisimError(f"--partition {name!r}: unknown partition" + suggest(name, PARTITIONS))
+    raise unknown_name("partition", name, PARTITIONS, "partition")

@@ -8,9 +8,9 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
 2. draws availability and stragglers (a straggler runs a random number of epochs in ``[1, E]``,
    Li et al. 2020 §5.2) and times every client with :func:`fl.systems.client_time_s`; FedAvg drops
    stragglers and clients that miss the deadline, FedProx keeps their partial work;
-3. sorts the cohort by local steps, longest first (bucketing), and cuts it into the chunks of
-   :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up to ``chunk``, then
-   equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
+3. (:mod:`fl.cohort`) sorts the cohort by local steps, longest first (bucketing), and cuts it
+   into the chunks of :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up
+   to ``chunk``, then equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
    ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,
    with masks for shorter clients (each iteration also computes the next step's batch positions,
    carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts
@@ -27,11 +27,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
 from fl import aggregation as agg
 from fl import local_update as lu
+from fl.cohort import CohortSums, arrange_cohort, train_cohort
 from fl.sampling import sample_uniform
 from fl.server import Algorithm, server_update
 from fl.systems import Systems, client_time_s
@@ -154,13 +155,6 @@ def init_server_state(spec: RoundSpec, params, num_clients: int, seed: int) -> S
     )
 
 
-def _shard(spec: RoundSpec, tree):
-    if spec.mesh is None:
-        return tree
-    sharding = NamedSharding(spec.mesh, PartitionSpec("clients"))
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class CohortPlan:
@@ -254,143 +248,62 @@ def plan_cohort(
     )
 
 
+def server_step(
+    spec: RoundSpec, state: ServerState, hyper: Hyper, sums: CohortSums, noise_key, num_clients
+) -> ServerState:
+    """Step 4: the weighted mean update (DP: the noised sum over the cohort), the server optax
+    step (skipped when no client was kept) and SCAFFOLD's global control."""
+    alg, g = spec.algorithm, state.params
+    any_kept = sums.weight > 0
+    if alg.dp:
+        std = hyper.noise_multiplier * hyper.clip_norm
+        noised = agg.gaussian_noise(sums.delta, noise_key, std)
+        mean_delta = jax.tree.map(lambda s_: s_ / spec.cohort, noised)
+    else:
+        mean_delta = jax.tree.map(lambda s_: s_ / jnp.maximum(sums.weight, 1e-12), sums.delta)
+    new_params, new_opt = server_update(alg.server_opt, g, state.opt_state, mean_delta)
+    new_params = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_params, g)
+    new_opt = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_opt, state.opt_state)
+    control = state.control
+    if alg.scaffold:
+        control = jax.tree.map(
+            lambda cg, d: cg + d / num_clients, state.control, sums.control_delta
+        )
+    return ServerState(
+        params=new_params,
+        opt_state=new_opt,
+        control=control,
+        client_controls=sums.controls,
+        round=state.round + 1,
+        key=state.key,
+    )
+
+
+def round_metrics(spec: RoundSpec, plan: CohortPlan, sums: CohortSums, params) -> RoundMetrics:
+    """The round's metrics: clients, systems time, bytes each way, loss, finiteness."""
+    payload = spec.payload_bytes
+    return RoundMetrics(
+        clients_sampled=jnp.asarray(spec.cohort, jnp.int32),
+        clients_kept=jnp.sum(plan.kept).astype(jnp.int32),
+        round_time_s=plan.round_time_s,
+        bytes_up=payload * jnp.sum(plan.kept),
+        bytes_down=payload * jnp.sum(plan.available),
+        local_loss=sums.loss / jnp.maximum(sums.weight, 1e-12),
+        finite=agg.all_finite(params),
+    )
+
+
 def make_round(spec: RoundSpec):
-    """Builds ``run_round(state, inputs, hyper) -> (state, RoundMetrics)`` (see module)."""
-    local, alg = spec.local, spec.algorithm
-    m = spec.cohort
-    slots = spec.slots
-    epochs = local.max_epochs
+    """Builds ``run_round(state, inputs, hyper) -> (state, RoundMetrics)`` (see module): plan the
+    cohort, bucket it, train it chunk by chunk, step the server, and measure the round."""
 
     def run_round(state: ServerState, inputs: RoundInputs, hyper: Hyper):
         num_clients = inputs.sizes.shape[0]
         plan = plan_cohort(spec, state, inputs, hyper)
-        ids, n, steps, weight, kept = plan.ids, plan.n, plan.steps, plan.weight, plan.kept
-        k_t, k_n = plan.train_key, plan.noise_key
-        payload = spec.payload_bytes
-
-        # 3. Bucketing: longest clients first; padding slots get id = num_clients (dropped).
-        by_steps = jnp.argsort(-steps)
-        pad = slots - m
-
-        def arrange(x, fill):
-            return jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
-
-        arranged = dict(
-            ids=arrange(ids, num_clients),
-            n=arrange(n, 1),
-            steps=arrange(steps, 0),
-            weight=arrange(weight, 0.0),
-            kept=arrange(kept, False),
-        )
-        g = state.params
-
-        def chunk_body(carry, ch):
-            sum_delta, sum_w, sum_loss, sum_dc, controls = carry
-            c = ch["ids"].shape[0]
-            ch = _shard(spec, ch)
-            if alg.scaffold:
-                c_i = jax.tree.map(lambda a: jnp.take(a, ch["ids"], axis=0, mode="clip"), controls)
-                correction = jax.tree.map(lambda cg, ci: cg[None] - ci, state.control, c_i)
-            else:
-                correction = jax.tree.map(lambda p: jnp.zeros((c, *p.shape), p.dtype), g)
-            tasks = lu.ClientTask(
-                start=jnp.take(inputs.starts, ch["ids"], mode="clip"),
-                n=ch["n"],
-                steps=ch["steps"],
-                key=jax.vmap(lambda i: jax.random.fold_in(k_t, i))(ch["ids"]),
-                correction=correction,
-            )
-            tasks = _shard(spec, tasks)
-            table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, epochs), n))(
-                tasks.key, tasks.n
-            )
-            st0 = jax.tree.map(
-                lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g)
-            )
-            st0 = _shard(spec, st0)
-            mu = hyper.mu if alg.proximal else jnp.zeros(())
-            batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
-            train_all = jax.vmap(lu.train_step, in_axes=(None, 0, None, 0, 0, 0, None, None, None))
-
-            def loop(s, carry):  # the next step's batch is computed one step ahead (train_step)
-                st, slots, mask = carry
-                ahead = batch_all(local, s + 1, tasks, table)
-                return train_all(local, st, s, tasks, slots, mask, g, mu, inputs.data), *ahead
-
-            carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, table))
-            st, _, _ = jax.lax.fori_loop(0, jnp.max(ch["steps"]), loop, carry0)
-            delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
-            if alg.dp:
-                delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, hyper.clip_norm)
-            sum_delta = jax.tree.map(jnp.add, sum_delta, agg.weighted_sum(delta, ch["weight"]))
-            loss = st.loss_sum / jnp.maximum(st.steps_done, 1)
-            sum_loss = sum_loss + jnp.sum(ch["weight"] * loss)
-            sum_w = sum_w + jnp.sum(ch["weight"])
-            if alg.scaffold:
-                k_lr = jnp.maximum(st.steps_done, 1).astype(jnp.float32) * hyper.client_lr
-                c_new = jax.tree.map(
-                    lambda ci, cg, d: ci - cg[None] - d / k_lr.reshape((c,) + (1,) * (d.ndim - 1)),
-                    c_i,
-                    state.control,
-                    delta,
-                )
-                keep = ch["kept"]
-                c_new = jax.tree.map(
-                    lambda a, b: jnp.where(keep.reshape((c,) + (1,) * (a.ndim - 1)), a, b),
-                    c_new,
-                    c_i,
-                )
-                dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
-                sum_dc = jax.tree.map(lambda s_, d: s_ + jnp.sum(d, axis=0), sum_dc, dc)
-                controls = jax.tree.map(
-                    lambda a, v: a.at[ch["ids"]].set(v, mode="drop"), controls, c_new
-                )
-            return (sum_delta, sum_w, sum_loss, sum_dc, controls), None
-
-        zeros = agg.tree_zeros_like(g)
-        carry = (zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
-        offset = 0
-        for size, count in spec.segments:
-            group = {k: v[offset : offset + size * count] for k, v in arranged.items()}
-            offset += size * count
-            if count == 1:
-                carry, _ = chunk_body(carry, group)
-            else:
-                group = {k: v.reshape(count, size) for k, v in group.items()}
-                carry, _ = jax.lax.scan(chunk_body, carry, group)
-        sum_delta, sum_w, sum_loss, sum_dc, controls = carry
-
-        # 4. Aggregate and step the server.
-        any_kept = sum_w > 0
-        if alg.dp:
-            std = hyper.noise_multiplier * hyper.clip_norm
-            mean_delta = jax.tree.map(lambda s_: s_ / m, agg.gaussian_noise(sum_delta, k_n, std))
-        else:
-            mean_delta = jax.tree.map(lambda s_: s_ / jnp.maximum(sum_w, 1e-12), sum_delta)
-        new_params, new_opt = server_update(alg.server_opt, g, state.opt_state, mean_delta)
-        new_params = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_params, g)
-        new_opt = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_opt, state.opt_state)
-        control = state.control
-        if alg.scaffold:
-            control = jax.tree.map(lambda cg, d: cg + d / num_clients, state.control, sum_dc)
-        new_state = ServerState(
-            params=new_params,
-            opt_state=new_opt,
-            control=control,
-            client_controls=controls,
-            round=state.round + 1,
-            key=state.key,
-        )
-        metrics = RoundMetrics(
-            clients_sampled=jnp.asarray(m, jnp.int32),
-            clients_kept=jnp.sum(kept).astype(jnp.int32),
-            round_time_s=plan.round_time_s,
-            bytes_up=payload * jnp.sum(kept),
-            bytes_down=payload * jnp.sum(plan.available),
-            local_loss=sum_loss / jnp.maximum(sum_w, 1e-12),
-            finite=agg.all_finite(new_params),
-        )
-        return new_state, metrics
+        arranged = arrange_cohort(spec, plan, num_clients)
+        sums = train_cohort(spec, state, inputs, hyper, arranged, plan.train_key)
+        new_state = server_step(spec, state, hyper, sums, plan.noise_key, num_clients)
+        return new_state, round_metrics(spec, plan, sums, new_state.params)
 
     return run_round
 

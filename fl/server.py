@@ -13,8 +13,6 @@ import dataclasses
 
 import optax
 
-from simbase.errors import AisimError, suggest
-
 ALGORITHMS = (
     "fedavg",
     "fedprox",
@@ -71,7 +69,9 @@ def make_algorithm(
     elif name == "fedadagrad":
         opt = optax.adagrad(lr, initial_accumulator_value=0.0, eps=1e-3)
     else:
-        raise AisimError(f"--algorithm {name!r}: unknown algorithm" + suggest(name, ALGORITHMS))
+        from fl.config import unknown_name
+
+        raise unknown_name("algorithm", name, ALGORITHMS, "algorithm")
     return Algorithm(
         name=name,
         server_opt=opt,

@@ -32,7 +32,8 @@ from fl.models import DEFAULT_MODEL, Model, make_model
 from fl.privacy import epsilon
 from fl.server import make_algorithm
 from fl.systems import draw_systems, parse_mix
-from simbase.errors import AisimError
+from simbase.errors import AisimError, bad_value
+from simbase.io import read_json
 from simbase.units import parse_bytes
 
 COLUMNS = (
@@ -111,8 +112,10 @@ def chunk_size(
     fit = int(0.5 * budget_bytes // max(per_client_bytes, 1.0))
     if fit < 1:
         raise AisimError(
-            f"--memory-budget {budget_bytes:.3g} bytes: one client needs {per_client_bytes:.3g} "
-            "bytes; raise the budget"
+            field="memory_budget",
+            value=f"{budget_bytes:.3g} bytes",
+            expected=f"at least twice the {per_client_bytes:.3g} bytes one client needs",
+            hint="raise {memory_budget}",
         )
     size = min(fit, -(-cohort // min_buckets), cache_clients or fit)
     size = max(n_devices, (size // n_devices) * n_devices)
@@ -147,9 +150,11 @@ def build(cfg: ExperimentConfig) -> Built:
     )
     pop = ds.population
     if cfg.clients_per_round > pop.num_clients:
-        raise AisimError(
-            f"aisim fl run: field 'clients-per-round' = {cfg.clients_per_round}: expected at most "
-            f"the {pop.num_clients} clients of the population"
+        raise bad_value(
+            None,
+            "clients_per_round",
+            cfg.clients_per_round,
+            f"at most the {pop.num_clients} clients of the population",
         )
     model_name = cfg.model or DEFAULT_MODEL[cfg.dataset]
     model = _cached(
@@ -403,11 +408,18 @@ def simulate(
 
 
 def load_config_json(out_dir: str | Path) -> ExperimentConfig:
-    """The config a run in ``out_dir`` was started with (for ``--resume``)."""
+    """The config a run in ``out_dir`` was started with (to resume it).
+
+    Raises:
+      AisimError: ``field`` ``out_dir`` when it holds no ``config.json``; the file's path when
+        that is not a config.
+    """
     path = Path(out_dir) / "config.json"
     if not path.exists():
-        raise AisimError(f"--resume {out_dir}: no config.json; was a run started there?")
-    raw = json.loads(path.read_text())
+        raise bad_value(
+            None, "out_dir", str(out_dir), "the folder of a started run (it has no config.json)"
+        )
+    raw = read_json(path, "run configuration")
     try:
         return ExperimentConfig(**raw)
     except TypeError as e:

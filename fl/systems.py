@@ -20,7 +20,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from perfmodel.collectives import p2p_s
-from simbase.errors import AisimError, bad_value, suggest
+from simbase.errors import AisimError, bad_value
+from simbase.parse import split_list
 from simbase.units import parse_bitrate
 
 _FIELDS = (
@@ -55,10 +56,17 @@ def profile_names() -> list[str]:
 
 
 def load_profile(name: str) -> DeviceProfile:
-    """Loads a shipped preset by name and converts it to SI (bit rates to bytes/s)."""
+    """Loads a shipped preset by name and converts it to SI (bit rates to bytes/s).
+
+    Raises:
+      AisimError: an unknown name (``field`` ``devices``), or a preset file that lacks a value
+        or its source.
+    """
     names = profile_names()
     if name not in names:
-        raise AisimError(f"--devices {name!r}: unknown device preset" + suggest(name, names))
+        from fl.config import unknown_name
+
+        raise unknown_name("devices", name, names, "device preset")
     where = f"fl/profiles/{name}.json"
     raw = json.loads((resources.files("fl") / "profiles" / f"{name}.json").read_text())
     vals = {}
@@ -85,21 +93,26 @@ def load_profile(name: str) -> DeviceProfile:
 
 
 def parse_mix(text: str) -> dict[str, float]:
-    """Parses ``"phone:0.7,laptop:0.3"`` (or ``"phone"``) into preset weights summing to 1."""
+    """Parses ``"phone:0.7,laptop:0.3"`` (or ``"phone"``) into preset weights summing to 1.
+
+    Raises:
+      AisimError: ``field`` ``devices`` (``source`` ``None``): an unknown preset, a weight that
+        is not a non-negative number, or weights that sum to zero.
+    """
     mix: dict[str, float] = {}
-    for item in text.split(","):
-        name, _, w = item.strip().partition(":")
+    for item in split_list(text) or [""]:
+        name, _, w = item.partition(":")
         load_profile(name)
         try:
             weight = float(w) if w else 1.0
         except ValueError:
-            raise bad_value("--devices", name, w, "a weight such as phone:0.7") from None
-        if weight < 0:
-            raise bad_value("--devices", name, weight, "a non-negative weight")
+            raise bad_value(None, "devices", item, "weights such as phone:0.7") from None
+        if not weight >= 0:
+            raise bad_value(None, "devices", item, "non-negative weights such as phone:0.7")
         mix[name] = mix.get(name, 0.0) + weight
     total = sum(mix.values())
     if total <= 0:
-        raise bad_value("--devices", "weights", text, "weights with a positive sum")
+        raise bad_value(None, "devices", text, "weights with a positive sum")
     return {k: v / total for k, v in mix.items()}
 
 

@@ -112,7 +112,7 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--dataset", "cifar"], "unknown"),
+        (["--dataset", "cifar"], "'--dataset' = 'cifar': expected one of digits, mnist"),
         (["--clients", "10", "--clients-per-round", "11"], "clients-per-round"),
         (["--lr", "-0.1"], "lr"),
         (["--algorithm", "fedsgdd"], "algorithm"),

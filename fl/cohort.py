@@ -1,0 +1,168 @@
+"""Step 3 of a round: train a planned cohort chunk by chunk, vmapped over each chunk's clients.
+
+Contract: :func:`arrange_cohort` sorts a :class:`fl.round.CohortPlan` by local steps (longest
+first) and pads it to :attr:`fl.round.RoundSpec.slots`; :func:`train_cohort` runs every chunk of
+:attr:`fl.round.RoundSpec.segments` (``lax.scan`` over equal chunks) and returns the
+:class:`CohortSums` that the server step needs. In a chunk, ``vmap(train_step)`` runs inside a
+loop whose trip count is that chunk's largest step count, with masks for shorter clients; the
+client axis is sharded over the spec's ``mesh`` when one is given. Pure and jittable; called only
+from :func:`fl.round.make_round`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from jaxtyping import Array, Float
+
+from fl import aggregation as agg
+from fl import local_update as lu
+
+if TYPE_CHECKING:
+    from fl.round import CohortPlan, Hyper, RoundInputs, RoundSpec, ServerState
+
+
+def _shard(spec: RoundSpec, tree):
+    """``tree`` with its leading (client) axis sharded over ``spec.mesh`` (if any)."""
+    if spec.mesh is None:
+        return tree
+    sharding = NamedSharding(spec.mesh, PartitionSpec("clients"))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
+class CohortSums(NamedTuple):
+    """What the chunks of a cohort add up (the carry of the scan over chunks).
+
+    ``delta``: weighted (DP: clipped) sum of the client updates; ``weight`` and ``loss``: the sum
+    of the weights and of the weighted local losses; ``control_delta``: sum of SCAFFOLD's control
+    changes; ``controls``: the population's client controls (``[clients]``, or ``None``).
+    """
+
+    delta: object
+    weight: Float[Array, ""]
+    loss: Float[Array, ""]
+    control_delta: object
+    controls: object
+
+
+def arrange_cohort(spec: RoundSpec, plan: CohortPlan, num_clients: int) -> dict[str, Array]:
+    """Step 3's bucketing: the cohort sorted by local steps, longest first, padded to
+    :attr:`RoundSpec.slots`; padding slots get ``id = num_clients`` (dropped) and no steps."""
+    by_steps = jnp.argsort(-plan.steps)
+    pad = spec.slots - spec.cohort
+
+    def arrange(x, fill):
+        return jnp.concatenate([x[by_steps], jnp.full((pad,), fill, x.dtype)])
+
+    return dict(
+        ids=arrange(plan.ids, num_clients),
+        n=arrange(plan.n, 1),
+        steps=arrange(plan.steps, 0),
+        weight=arrange(plan.weight, 0.0),
+        kept=arrange(plan.kept, False),
+    )
+
+
+def _chunk_tasks(spec: RoundSpec, state: ServerState, inputs: RoundInputs, ch, controls, train_key):
+    """The local tasks of one chunk's clients and their SCAFFOLD controls (``None`` without)."""
+    c = ch["ids"].shape[0]
+    if spec.algorithm.scaffold:
+        c_i = jax.tree.map(lambda a: jnp.take(a, ch["ids"], axis=0, mode="clip"), controls)
+        correction = jax.tree.map(lambda cg, ci: cg[None] - ci, state.control, c_i)
+    else:
+        c_i = None
+        correction = jax.tree.map(lambda p: jnp.zeros((c, *p.shape), p.dtype), state.params)
+    tasks = lu.ClientTask(
+        start=jnp.take(inputs.starts, ch["ids"], mode="clip"),
+        n=ch["n"],
+        steps=ch["steps"],
+        key=jax.vmap(lambda i: jax.random.fold_in(train_key, i))(ch["ids"]),
+        correction=correction,
+    )
+    return _shard(spec, tasks), c_i
+
+
+def _train_chunk(spec: RoundSpec, g, inputs: RoundInputs, hyper: Hyper, tasks, max_steps):
+    """``vmap(train_step)`` over a chunk's clients for ``max_steps`` steps (shorter clients are
+    masked); returns the clients' final local states."""
+    local, c = spec.local, tasks.n.shape[0]
+    table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, local.max_epochs), n))(
+        tasks.key, tasks.n
+    )
+    st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
+    st0 = _shard(spec, st0)
+    mu = hyper.mu if spec.algorithm.proximal else jnp.zeros(())
+    batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
+    train_all = jax.vmap(lu.train_step, in_axes=(None, 0, None, 0, 0, 0, None, None, None))
+
+    def loop(s, carry):  # the next step's batch is computed one step ahead (train_step)
+        st, slots, mask = carry
+        ahead = batch_all(local, s + 1, tasks, table)
+        return train_all(local, st, s, tasks, slots, mask, g, mu, inputs.data), *ahead
+
+    carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, table))
+    st, _, _ = jax.lax.fori_loop(0, max_steps, loop, carry0)
+    return st
+
+
+def _scaffold_controls(state: ServerState, hyper: Hyper, ch, c_i, st, delta):
+    """SCAFFOLD option II: each kept client's new control ``c_i − c + (x − y_i)/(K·lr)``; the
+    others keep theirs. Returns ``(new controls of the chunk, their changes)``."""
+    c = ch["ids"].shape[0]
+    k_lr = jnp.maximum(st.steps_done, 1).astype(jnp.float32) * hyper.client_lr
+    c_new = jax.tree.map(
+        lambda ci, cg, d: ci - cg[None] - d / k_lr.reshape((c,) + (1,) * (d.ndim - 1)),
+        c_i,
+        state.control,
+        delta,
+    )
+    keep = ch["kept"]
+    c_new = jax.tree.map(
+        lambda a, b: jnp.where(keep.reshape((c,) + (1,) * (a.ndim - 1)), a, b), c_new, c_i
+    )
+    return c_new, jax.tree.map(lambda a, b: a - b, c_new, c_i)
+
+
+def _add_chunk(spec, state, inputs, hyper, train_key, sums: CohortSums, ch) -> CohortSums:
+    """Trains one chunk of clients and adds their weighted updates, losses and controls."""
+    alg, g = spec.algorithm, state.params
+    ch = _shard(spec, ch)
+    tasks, c_i = _chunk_tasks(spec, state, inputs, ch, sums.controls, train_key)
+    st = _train_chunk(spec, g, inputs, hyper, tasks, jnp.max(ch["steps"]))
+    delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
+    if alg.dp:
+        delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, hyper.clip_norm)
+    sum_delta = jax.tree.map(jnp.add, sums.delta, agg.weighted_sum(delta, ch["weight"]))
+    loss = st.loss_sum / jnp.maximum(st.steps_done, 1)
+    sum_loss = sums.loss + jnp.sum(ch["weight"] * loss)
+    sum_w = sums.weight + jnp.sum(ch["weight"])
+    sum_dc, controls = sums.control_delta, sums.controls
+    if alg.scaffold:
+        c_new, dc = _scaffold_controls(state, hyper, ch, c_i, st, delta)
+        sum_dc = jax.tree.map(lambda s_, d: s_ + jnp.sum(d, axis=0), sum_dc, dc)
+        controls = jax.tree.map(lambda a, v: a.at[ch["ids"]].set(v, mode="drop"), controls, c_new)
+    return CohortSums(sum_delta, sum_w, sum_loss, sum_dc, controls)
+
+
+def train_cohort(spec, state, inputs, hyper, arranged, train_key) -> CohortSums:
+    """Step 3: every chunk of :attr:`RoundSpec.segments` in order (``lax.scan`` over equal
+    chunks), accumulated into one :class:`CohortSums`."""
+
+    def chunk_body(sums, ch):
+        return _add_chunk(spec, state, inputs, hyper, train_key, sums, ch), None
+
+    zeros = agg.tree_zeros_like(state.params)
+    sums = CohortSums(zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
+    offset = 0
+    for size, count in spec.segments:
+        group = {k: v[offset : offset + size * count] for k, v in arranged.items()}
+        offset += size * count
+        if count == 1:
+            sums, _ = chunk_body(sums, group)
+        else:
+            group = {k: v.reshape(count, size) for k, v in group.items()}
+            sums, _ = jax.lax.scan(chunk_body, sums, group)
+    return sums
