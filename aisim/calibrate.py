@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import string
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +18,7 @@ from aisim.console import (
     print_json,
     rich_table,
 )
-from simbase.errors import AisimError, bad_value
+from simbase.errors import bad_value
 from simbase.io import atomic_write_text, write_table
 
 app = typer.Typer(
@@ -53,28 +50,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 
 # library argument names -> this area's flags, where they differ from --name-with-dashes
 FLAGS = flag_names(free="--fit")
-
-
-@contextlib.contextmanager
-def flag_hints(flags: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Names this command's flags in the hint of an error from a file.
-
-    ``guard`` keeps a file error's own field names (its columns) and so leaves the ``{field}``
-    placeholders of its hint (``pass {skip_bad_rows}``) as library names; the hint is about what
-    the user can pass, so it names the flag. The error is re-raised, to be rendered by ``guard``.
-    """
-    try:
-        yield
-    except AisimError as e:
-        if e.source is not None and e.hint:
-            table = dict(flags or {})
-            names = {f: table.get(f) or "--" + f.replace("_", "-") for f in _placeholders(e.hint)}
-            e.hint = AisimError(hint=e.hint).relabel(names=names).hint
-        raise
-
-
-def _placeholders(text: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(text) if name]
 
 
 def _defaults(hardware: str | None, model: str | None, dtype: str | None) -> dict[str, str]:
@@ -118,7 +93,7 @@ def fit_command(
     ] = None,
 ) -> None:
     """Fit the constants to measured step times; report in-sample and held-out error."""
-    with guard(FLAGS), flag_hints(FLAGS):
+    with guard(FLAGS):
         from calibration import fit_measurements, load_measurements, parity_plot
         from perfmodel import load_hardware
 
@@ -199,7 +174,7 @@ def predict_command(
     ] = None,
 ) -> None:
     """Predict step time, throughput and TFLOPS per GPU of each row (blank knobs searched)."""
-    with guard(FLAGS), flag_hints(FLAGS):
+    with guard(FLAGS):
         from calibration import load_measurements, predict_measurements, read_csv_cells
 
         check_out_suffix(out)

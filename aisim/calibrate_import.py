@@ -54,10 +54,9 @@ def import_colossal_command(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Turns Colossal-AI benchmark logs into measurement rows (the calibration CSV schema)."""
-    from aisim.calibrate import flag_hints
     from calibration import import_logs
 
-    with guard(), flag_hints():
+    with guard():
         check_out_suffix(out)
         overrides = dict(
             plugin=plugin, tp=tp, pp=pp, zero=zero, batch_size=batch_size,
