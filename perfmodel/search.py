@@ -31,6 +31,7 @@ from perfmodel.report import results_frame
 from perfmodel.step_time import evaluate_grid
 from perfmodel.workload import ModelSpec, total_params
 from simbase import units
+from simbase.errors import bad_value
 
 # ranking keys: (StepBreakdown field, larger is better)
 RANK_KEYS = {
@@ -222,13 +223,30 @@ def search(
       k: how many of the best strategies to keep.
       rank_by: a key of :data:`RANK_KEYS` (tokens/s, cost per million tokens, MFU).
       front_size: at most this many Pareto rows come back.
+
+    Returns:
+      A :class:`SearchResult` (frames in :func:`~perfmodel.report.results_frame` shape).
+
+    Raises:
+      AisimError: ``field="rank_by"`` for an unknown ranking.
     """
     if rank_by not in RANK_KEYS:
-        raise ValueError(f"rank_by must be one of {', '.join(RANK_KEYS)}")
+        raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(RANK_KEYS))
     n = len(grid)
     if n == 0:
         empty = pd.DataFrame()
-        return SearchResult(m, grid, empty, empty, empty, empty, 0, 0, 0, False)
+        return SearchResult(
+            model=m,
+            grid=grid,
+            top=empty,
+            best_per_point=empty,
+            pareto=empty,
+            smallest=empty,
+            feasible=0,
+            out_of_memory=0,
+            invalid=0,
+            pareto_truncated=False,
+        )
     rows = bucket_rows(n)
     point, points = sweep_points(grid)
     reduce = _reducer(max(1, min(int(k), rows)), len(points), min(int(front_size), rows), rank_by)
@@ -267,16 +285,16 @@ def search(
     front = front.sort_values("memory_per_device_bytes", kind="stable").reset_index(drop=True)
     smallest = frame(3, np.array([counts["valid"] > 0, counts["valid_zero3"] > 0]))
     return SearchResult(
-        m,
-        grid,
-        top,
-        best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
-        front,
-        smallest,
-        int(counts["feasible"]),
-        int(counts["out_of_memory"]),
-        int(counts["invalid"]),
-        bool(counts["pareto"] > front_size),
+        model=m,
+        grid=grid,
+        top=top,
+        best_per_point=best.sort_values("num_gpus", kind="stable").reset_index(drop=True),
+        pareto=front,
+        smallest=smallest,
+        feasible=int(counts["feasible"]),
+        out_of_memory=int(counts["out_of_memory"]),
+        invalid=int(counts["invalid"]),
+        pareto_truncated=bool(counts["pareto"] > front_size),
     )
 
 

@@ -212,3 +212,13 @@ def test_public_api_resolves_and_is_documented():
         obj = getattr(perfmodel, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             assert inspect.getdoc(obj), f"perfmodel.{name} has no docstring"
+
+
+def test_search_rank_by_error_is_data():
+    from perfmodel import search as srch
+
+    g = enumerate_strategies(**SHAPE, num_gpus=8, global_batch=8, gpus_per_node=8, tp=[8])
+    hw = load_hardware("a100-80gb")
+    with pytest.raises(AisimError) as e:
+        srch.search(load_model("gpt3-175b").spec, hw.spec, hw.constants, g, rank_by="speed")
+    assert (e.value.field, e.value.value) == ("rank_by", "speed")
