@@ -81,8 +81,8 @@ SERDE_FLAGS = flag_names(sizes="--params")
 
 def build_scenario(*, profile: Path | None, **options):
     """A validated :class:`perfmodel.collab.Scenario` from the command-line strings
-    (:func:`perfmodel.collab_scenario.scenario_from_text`), with a profile applied."""
-    from perfmodel.collab_scenario import scenario_from_text
+    (:func:`perfmodel.collab.scenario_from_text`), with a profile applied."""
+    from perfmodel.collab import scenario_from_text
 
     microbatches = options.pop("microbatches")
     sc = scenario_from_text(**options, num_microbatches=microbatches)
@@ -240,8 +240,7 @@ def sweep(
 ) -> None:
     """One row per model size: total task time and each client's shares of the round."""
     with guard(FLAGS):
-        from perfmodel.collab import sweep_frame
-        from perfmodel.collab_scenario import parse_sizes
+        from perfmodel.collab import parse_sizes, sweep_frame
 
         check_out_suffix(out)
         check_rounds(rounds)
@@ -427,7 +426,8 @@ def measure_serde(
     with guard(SERDE_FLAGS):
         from calibration.collab_fit import serde_profile
         from calibration.serde import check_formats, measure_serde, serde_throughputs
-        from perfmodel.collab_scenario import parse_list, parse_sizes
+        from perfmodel.collab import parse_sizes
+        from perfmodel.collab_text import parse_list
 
         check_out_suffix(out, (".json",))
         sizes = parse_sizes(params)

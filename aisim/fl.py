@@ -89,9 +89,7 @@ def run(
 ) -> None:
     """Simulate federated training; one metrics row per round."""
     with guard(FLAGS):
-        from fl import ExperimentConfig, simulate
-        from fl.config import load_toml, validate
-        from fl.simulation import load_config_json
+        from fl import ExperimentConfig, load_config_json, load_toml, simulate, validate
 
         from_file: dict[str, str] = {}  # config field -> the file its value came from
         if resume is not None:
@@ -121,7 +119,7 @@ def run(
         result = _run_with_progress(cfg, out_dir, resume is not None, simulate)
         s = result.summary
         if plot and out_dir is not None:
-            from fl.plotting import plot_accuracy
+            from fl import plot_accuracy
 
             plot_accuracy({cfg.algorithm: result.metrics}, out_dir / "accuracy.png")
         if json_out:

@@ -43,10 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fl import round as rnd
-from fl.config import ExperimentConfig
-from fl.models import cross_entropy, make_model
-from fl.simulation import Built, build
+from fl import Built, ExperimentConfig, build, cross_entropy, make_model, plan_cohort
 
 
 def vmapped_round_s(b: Built, rounds: int) -> tuple[float, int]:
@@ -65,7 +62,7 @@ def vmapped_round_s(b: Built, rounds: int) -> tuple[float, int]:
 
 def cohorts(b: Built, rounds: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(client ids, local steps, weights) of the kept clients of aisim's rounds 1..rounds."""
-    plan = jax.jit(lambda s: rnd.plan_cohort(b.spec, s, b.inputs, b.hyper))
+    plan = jax.jit(lambda s: plan_cohort(b.spec, s, b.inputs, b.hyper))
     out = []
     for r in range(1, rounds + 1):
         p = jax.device_get(plan(dataclasses.replace(b.init_state, round=jnp.int32(r))))

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from calibration.collab_fit import fit_collab, load_collab_table  # noqa: E402
+from calibration import fit_collab, load_collab_table  # noqa: E402
 from perfmodel import collab, load_hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

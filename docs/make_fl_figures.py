@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl.config import ExperimentConfig
-from fl.plotting import plot_accuracy, plot_loss
-from fl.simulation import simulate
+from fl import ExperimentConfig, plot_accuracy, plot_loss, simulate
 
 OUT = Path(__file__).parent / "figures"
 ROUNDS = 30

@@ -1,59 +1,84 @@
 """Federated training at scale: vmap over clients inside one jitted round, timed by perfmodel.
 
-Public API (everything else is internal):
-
-- data: :func:`load`, :func:`synthetic`, :func:`synthetic_population`, :func:`digits`,
-  :func:`mnist`, :class:`FederatedData`; populations: :class:`Population` and the partitioners
-  :func:`iid`, :func:`dirichlet`, :func:`shards`, :func:`quantity`.
-- models: :func:`make_model`, :class:`Model`.
-- algorithms: :func:`make_algorithm`, :class:`Algorithm` (server optimiser = any optax transform).
-- engine: :func:`make_round`, :func:`plan_cohort`, :func:`sample_uniform`, :class:`RoundSpec`,
-  :class:`ServerState`,
-  ``fl.local_update.local_update`` (one-client reference), :func:`client_time_s`, :func:`draw_systems`.
-- privacy: :func:`epsilon`, :func:`rdp_sampled_gaussian`.
-- runs: :class:`ExperimentConfig`, :func:`simulate`, :class:`SimulationResult`,
-  :func:`train_centralised`.
+The entry point is :func:`simulate` (``fl.simulate(fl.ExperimentConfig(...))``), which is what
+``aisim fl run`` calls; the other names build a run piece by piece. Everything not listed in
+``__all__`` is internal. Bad settings raise :class:`simbase.errors.AisimError` naming the
+:class:`ExperimentConfig` field.
 """
 
 from fl.centralised import train_centralised
-from fl.config import ExperimentConfig
+from fl.config import ExperimentConfig, load_toml, validate
 from fl.data import FederatedData, digits, load, mnist, synthetic, synthetic_population
-from fl.models import Model, make_model
+from fl.models import Model, cross_entropy, make_model
 from fl.partition import Population, dirichlet, iid, quantity, shards
+from fl.plotting import plot_accuracy, plot_loss
 from fl.privacy import epsilon, rdp_sampled_gaussian
-from fl.round import RoundSpec, ServerState, make_round, plan_cohort
+from fl.round import (
+    CohortPlan,
+    Hyper,
+    RoundInputs,
+    RoundMetrics,
+    RoundSpec,
+    ServerState,
+    init_server_state,
+    make_round,
+    plan_cohort,
+)
 from fl.sampling import sample_uniform
 from fl.server import Algorithm, make_algorithm
-from fl.simulation import SimulationResult, simulate
-from fl.systems import client_time_s, draw_systems
+from fl.simulation import Built, SimulationResult, build, load_config_json, simulate
+from fl.systems import DeviceProfile, Systems, client_time_s, draw_systems, load_profile, parse_mix
 
 __all__ = [
-    "Algorithm",
+    # runs
     "ExperimentConfig",
-    "FederatedData",
-    "Model",
-    "Population",
-    "RoundSpec",
-    "ServerState",
-    "SimulationResult",
-    "client_time_s",
-    "digits",
-    "dirichlet",
-    "draw_systems",
-    "epsilon",
-    "iid",
-    "load",
-    "make_algorithm",
-    "make_model",
-    "make_round",
-    "mnist",
-    "plan_cohort",
-    "quantity",
-    "rdp_sampled_gaussian",
-    "sample_uniform",
-    "shards",
+    "validate",
+    "load_toml",
     "simulate",
+    "SimulationResult",
+    "load_config_json",
+    "build",
+    "Built",
+    "train_centralised",
+    "plot_accuracy",
+    "plot_loss",
+    # data and partitions
+    "FederatedData",
+    "load",
     "synthetic",
     "synthetic_population",
-    "train_centralised",
+    "digits",
+    "mnist",
+    "Population",
+    "iid",
+    "dirichlet",
+    "shards",
+    "quantity",
+    # models and algorithms (the server optimiser is any optax transformation)
+    "Model",
+    "make_model",
+    "cross_entropy",
+    "Algorithm",
+    "make_algorithm",
+    # the round engine (one jitted round, clients vmapped)
+    "RoundSpec",
+    "RoundInputs",
+    "Hyper",
+    "ServerState",
+    "RoundMetrics",
+    "CohortPlan",
+    "init_server_state",
+    "make_round",
+    "plan_cohort",
+    "sample_uniform",
+    # systems heterogeneity (device presets in fl/profiles)
+    "DeviceProfile",
+    "Systems",
+    "load_profile",
+    "parse_mix",
+    "draw_systems",
+    "client_time_s",
+    # privacy (DP-FedAvg accounting)
+    "epsilon",
+    "rdp_sampled_gaussian",
 ]

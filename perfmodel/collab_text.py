@@ -2,7 +2,7 @@
 
 Contract: :func:`scenario_from_text` turns the textual settings of a cross-site collaboration
 (``"1Gbps"``, ``"64,128"``, ``"a100-80gb,h100-sxm"``) into a validated
-:class:`perfmodel.collab.Scenario`, and :func:`parse_sizes` a list of model sizes. Every bad
+:class:`perfmodel.collab_scenario.Scenario`, and :func:`parse_sizes` a list of model sizes. Every bad
 setting raises one :class:`~simbase.errors.AisimError` with ``source=None`` and ``field`` =
 the parameter's name (``wan_bandwidth``, ``sizes``, ``num_microbatches``); a front end maps the
 field to its own name for it (the command line's ``--wan-bandwidth``).
@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from perfmodel import collab
+from perfmodel.collab_model import SERDE_FORMATS
+from perfmodel.collab_scenario import SERDE_DEFAULT_BYTES_PER_S, Scenario
 from perfmodel.hardware import Hardware, load_hardware, load_hardware_file
 from simbase import units
 from simbase.errors import bad_value
@@ -107,8 +108,8 @@ def scenario_from_text(
     aggregator_hardware: str = "cpu-host",
     dtype: str = "fp32",
     serde_format: str = "msgpack",
-) -> collab.Scenario:
-    """A validated :class:`perfmodel.collab.Scenario` from textual settings.
+) -> Scenario:
+    """A validated :class:`perfmodel.collab_scenario.Scenario` from textual settings.
 
     Per-client settings take one value (for every client) or one per client, comma-separated.
 
@@ -121,20 +122,18 @@ def scenario_from_text(
         default to ``wan_bandwidth``.
       wan_latency_ms: one-way WAN latency (milliseconds); ``None``: the preset's.
       mode, topology, compression, topk_fraction, num_microbatches: see
-        :func:`perfmodel.collab.make_setup`.
+        :func:`perfmodel.collab_scenario.make_setup`.
       aggregator_hardware: the parameter server's preset.
       dtype: compute dtype at the sites.
-      serde_format: one of :data:`perfmodel.collab.SERDE_FORMATS` (its default throughputs).
+      serde_format: one of :data:`perfmodel.SERDE_FORMATS` (its default throughputs).
 
     Raises:
       AisimError: the first bad setting, ``source=None`` and ``field`` the parameter's name.
     """
     if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
         raise bad_value(None, "clients", clients, "a positive number of participants")
-    if serde_format not in collab.SERDE_FORMATS:
-        raise bad_value(
-            None, "serde_format", serde_format, "one of " + ", ".join(collab.SERDE_FORMATS)
-        )
+    if serde_format not in SERDE_FORMATS:
+        raise bad_value(None, "serde_format", serde_format, "one of " + ", ".join(SERDE_FORMATS))
     names = parse_list(client_hardware, "client_hardware")
     if len(names) not in (1, clients):
         raise bad_value(None, "client_hardware", client_hardware, f"one name or {clients} names")
@@ -155,8 +154,8 @@ def scenario_from_text(
     for field, (text, values) in per_site.items():
         _check_per_site(text, values, field, clients)
     v = {k: values for k, (_, values) in per_site.items()}
-    ser, deser = collab.SERDE_DEFAULT_BYTES_PER_S[serde_format]
-    return collab.Scenario(
+    ser, deser = SERDE_DEFAULT_BYTES_PER_S[serde_format]
+    return Scenario(
         hardware=tuple(hws),
         aggregator=hardware_by_name(aggregator_hardware),
         devices=v["devices"],

@@ -8,7 +8,8 @@ import pytest
 
 from calibration import serde
 from perfmodel import collab
-from perfmodel.collab_scenario import parse_rates, parse_sizes, scenario_from_text
+from perfmodel.collab import parse_sizes, scenario_from_text
+from perfmodel.collab_text import parse_rates
 from simbase.errors import AisimError
 
 
