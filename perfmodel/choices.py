@@ -17,6 +17,7 @@ class Choice(enum.IntEnum):
 
     @property
     def label(self) -> str:
+        """The name users type and reports print (``"1f1b"``, ``"selective"``, ``"bf16"``)."""
         return _LABELS.get((type(self), int(self)), self.name.lower())
 
     @classmethod
@@ -27,6 +28,15 @@ class Choice(enum.IntEnum):
     @classmethod
     def parse(cls, value: object, field: str, where: str | None = None, aliases=None) -> Choice:
         """The member named by a label (any case, ``aliases`` first) or a code in range.
+
+        Args:
+          value: a member, a label, or an integral code (``2`` or ``2.0``).
+          field: the argument or column that held it (named in the error).
+          where: the error's source (``None``: an argument of the call).
+          aliases: extra spellings -> labels (e.g. :data:`RECOMPUTE_ALIASES`).
+
+        Returns:
+          The member.
 
         Raises:
           AisimError: naming ``field``, the bad value and the labels.
