@@ -140,6 +140,11 @@ def test_estimate_table_for_people():
         (["--interleave", "5"], "interleave"),
         (["--schedule", "1f1b", "--interleave", "2"], "interleave"),
         (["--cost-model", "calculon"], "--cost-model"),
+        (["--layers", "0"], "--layers"),
+        (["--widths", "784,x"], "--widths"),
+        (["--params", "60M", "--model", "gpt3-13b"], "--params"),
+        (["--gpus-per-node", "0"], "--gpus-per-node"),
+        (["--micro-batch", "0"], "--micro-batch"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):

@@ -303,6 +303,10 @@ def test_distir_cost_model_uses_its_grid_and_formulas():
         (("--cost-model", "calculon"), "--cost-model"),
         (("--top", "0"), "--top"),
         (("--rank-by", "vibes"), "--rank-by"),
+        (("--gpus-per-node", "0"), "--gpus-per-node"),
+        (("--layers", "0"), "--layers"),
+        (("--micro-batch", "0"), "--micro-batch"),
+        (("--global-batch", "0"), "--global-batch"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
