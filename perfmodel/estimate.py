@@ -118,25 +118,24 @@ def resolve_model(
     elif model_file is not None:
         m = load_model_file(model_file)
     elif params is not None:
-        m = _from_loader(mlp_from_params, params, "params", "--params")
+        m = mlp_from_params(params)
     elif widths is not None:
         ws = parse_int_list(widths, "widths", minimum=1) if isinstance(widths, str) else widths
-        m = _from_loader(mlp_from_widths, list(ws), "widths", "--widths", shown=widths)
+        m = _from_loader(mlp_from_widths, list(ws), "widths", shown=widths)
     else:
         m = load_model(model or DEFAULT_MODEL)
     given = {k: v for k, v in dims.items() if v is not None}
     return with_overrides(m, **given) if given else m
 
 
-def _from_loader(loader, value, field: str, legacy_where: str, shown: Any = None) -> Model:
-    """Calls a model builder and reports its errors about ``value`` as an error about the
-    argument ``field`` (showing ``shown``, the value as the caller gave it, when set)."""
+def _from_loader(loader, value, field: str, shown: Any) -> Model:
+    """Calls a model builder; an error about the argument ``field`` shows ``shown``, the value
+    as the caller gave it (the text before it was parsed)."""
     try:
         return loader(value)
     except AisimError as e:
-        if e.field == field and e.source in (None, legacy_where):
-            bad = shown if shown is not None else (e.value if e.has_value else value)
-            raise bad_value(None, field, bad, e.expected) from None
+        if e.field == field and e.source is None:
+            raise bad_value(None, field, shown, e.expected, hint=e.hint) from None
         raise
 
 
