@@ -296,7 +296,13 @@ def _row(run: _Run, steps: int, warmup: int, rounds: int, dtype: str, statistic:
     cfg, times = run.cfg, run.times
     loss = float(run.state[2])
     if not math.isfinite(loss):
-        raise AisimError(f"dp={cfg.dp} tp={cfg.tp}: the loss became {loss}", usage=False)
+        raise AisimError(
+            f"dp={cfg.dp} tp={cfg.tp}: the loss became {loss}",
+            field="final_loss",
+            value=loss,
+            expected="a finite loss",
+            usage=False,
+        )
     chosen = min(times) if statistic == "min" else float(statistics.median(times))
     return dict(
         num_gpus=cfg.dp * cfg.tp, dp=cfg.dp, tp=cfg.tp, pp=1,
