@@ -28,9 +28,15 @@ from aisim.console import (
     print_json,
     print_table,
 )
-from perfmodel import SweepResult, plot_sweep, resolve_hardware, resolve_model, strategy_label
+from perfmodel import (
+    BREAKDOWN_TERMS,
+    SweepResult,
+    plot_sweep,
+    resolve_hardware,
+    resolve_model,
+    strategy_label,
+)
 from perfmodel import sweep as run_sweep
-from perfmodel.step_time import BREAKDOWN_TERMS
 from simbase import units
 from simbase.errors import bad_value
 from simbase.io import write_table

@@ -18,12 +18,12 @@ from typing import Any
 
 import jax
 
+from perfmodel.breakdown import StepBreakdown
 from perfmodel.constants import Constants
 from perfmodel.cost_models import COST_MODELS, select_step_fn
 from perfmodel.hardware import Hardware, load_hardware, load_hardware_file
 from perfmodel.knobs import strategy_from_knobs
 from perfmodel.report import results_frame, row_to_result
-from perfmodel.step_time import StepBreakdown
 from perfmodel.strategy import Strategy
 from perfmodel.workload import (
     Model,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.step_time import BREAKDOWN_TERMS
+from perfmodel.breakdown import BREAKDOWN_TERMS
 from perfmodel.sweep import SweepResult
 from simbase import units
 from simbase.io import atomic_write_bytes

@@ -12,8 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aisim.app import app
-from perfmodel import load_hardware, load_model, make_strategy
-from perfmodel.step_time import BREAKDOWN_TERMS
+from perfmodel import BREAKDOWN_TERMS, load_hardware, load_model, make_strategy
 
 runner = CliRunner()
 KNOB_KEYS = (
