@@ -49,3 +49,26 @@ def test_doc_command_runs(cmd: doc_commands.Command, workdir: Path):
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert err and err[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
         assert all(ROW_DETAIL.match(ln) for ln in err[1:]), r.stderr
+
+
+TABLE_SCRIPT = re.compile(r"python (docs/make_\w+\.py) > (\S+\.md)")
+
+
+def test_pasted_tables_are_what_their_scripts_print(workdir: Path):
+    """A page that shows ``$ python docs/make_X.py > F.md`` shows the table that F.md holds."""
+    checked = 0
+    for cmd in COMMANDS:
+        m = TABLE_SCRIPT.fullmatch(cmd.command)
+        if not m:
+            continue
+        out = workdir / m.group(2)
+        if not out.is_file():
+            pytest.skip(f"{out.name} not written: run the whole file")
+        page = cmd.path.read_text().splitlines()
+        rows = [ln.rstrip() for ln in out.read_text().splitlines() if ln.startswith("|")]
+        missing = [r for r in rows if r not in page]
+        assert rows and not missing, (
+            f"{cmd.path.name}: rows not as `{m.group(1)}` prints them:\n" + ("\n".join(missing))
+        )
+        checked += 1
+    assert checked >= 3
