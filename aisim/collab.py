@@ -87,7 +87,7 @@ def build_scenario(*, profile: Path | None, **options):
     microbatches = options.pop("microbatches")
     sc = scenario_from_text(**options, num_microbatches=microbatches)
     if profile is not None:
-        from calibration.collab_fit import apply_profile
+        from calibration.collab_profile import apply_profile
 
         keep_latency = options["wan_latency_ms"] is not None
         sc = apply_profile(sc, profile, options["serde_format"], keep_latency=keep_latency)
@@ -333,7 +333,8 @@ def fit(
 ) -> None:
     """Fit the collaboration constants to a table of per-client shares; print fitted vs given."""
     with guard(FLAGS):
-        from calibration.collab_fit import fit_collab, fit_profile, load_collab_table
+        from calibration import fit_collab, load_collab_table
+        from calibration.collab_profile import fit_profile
 
         check_out_suffix(out, (".json",))
         check_out_suffix(table_out)
@@ -424,7 +425,7 @@ def measure_serde(
     ``AISIM_QUICK=1`` caps the sizes at 2M parameters and the repeats at 2 (for tests).
     """
     with guard(SERDE_FLAGS):
-        from calibration.collab_fit import serde_profile
+        from calibration.collab_profile import serde_profile
         from calibration.serde import check_formats, measure_serde, serde_throughputs
         from perfmodel.collab import parse_sizes
         from perfmodel.collab_text import parse_list

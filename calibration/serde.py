@@ -6,7 +6,7 @@ a :class:`Codec` whose ``dumps`` turns a ``{name: float32 array}`` tree into byt
 codec of the protobuf wire format. :func:`measure_serde` times each format on the standard square
 MLP's weights (:func:`params_tree`) and returns one :class:`SerdeMeasurement` per (size, format);
 :func:`serde_throughputs` reduces them to the per-format throughputs that
-:func:`calibration.collab_fit.serde_profile` writes and :mod:`perfmodel.collab` reads.
+:func:`calibration.collab_profile.serde_profile` writes and :mod:`perfmodel.collab` reads.
 Bad arguments raise :class:`~simbase.errors.AisimError` naming the argument (``sizes``,
 ``formats``, ``repeats``); the caller maps them to its own names.
 """

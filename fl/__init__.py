@@ -6,6 +6,7 @@ The entry point is :func:`simulate` (``fl.simulate(fl.ExperimentConfig(...))``),
 :class:`ExperimentConfig` field.
 """
 
+from fl.build import Built, build
 from fl.centralised import train_centralised
 from fl.config import ExperimentConfig, load_toml, validate
 from fl.data import FederatedData, digits, load, mnist, synthetic, synthetic_population
@@ -26,7 +27,7 @@ from fl.round import (
 )
 from fl.sampling import sample_uniform
 from fl.server import Algorithm, make_algorithm
-from fl.simulation import Built, SimulationResult, build, load_config_json, simulate
+from fl.simulation import SimulationResult, load_config_json, simulate
 from fl.systems import DeviceProfile, Systems, client_time_s, draw_systems, load_profile, parse_mix
 
 __all__ = [

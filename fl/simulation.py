@@ -1,4 +1,5 @@
-"""The imperative shell of an FL run: build, loop over rounds, evaluate, checkpoint, summarise.
+"""The imperative shell of an FL run: build (:mod:`fl.build`), loop over rounds, evaluate, checkpoint,
+summarise.
 
 Contract: :func:`simulate` turns a validated :class:`~fl.config.ExperimentConfig` into a
 :class:`SimulationResult` (one metrics row per round, and a summary). With ``out_dir`` it writes
@@ -20,21 +21,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pandas as pd
 from flax import serialization
 
-from fl import data as fl_data
-from fl import local_update as lu
 from fl import round as rnd
-from fl.config import ExperimentConfig, validate
-from fl.models import DEFAULT_MODEL, Model, make_model
+from fl.build import Built, build
+from fl.config import ExperimentConfig
 from fl.privacy import epsilon
-from fl.server import make_algorithm
-from fl.systems import draw_systems, parse_mix
 from simbase.errors import AisimError, bad_value
 from simbase.io import read_json
-from simbase.units import parse_bytes
 
 COLUMNS = (
     "round",
@@ -57,202 +52,6 @@ class SimulationResult:
 
     metrics: pd.DataFrame
     summary: dict
-
-
-@dataclasses.dataclass
-class Built:
-    """Everything a run needs, built once from a config."""
-
-    cfg: ExperimentConfig
-    data: fl_data.FederatedData
-    model: Model
-    spec: rnd.RoundSpec
-    run_round: Callable
-    evaluate: Callable
-    inputs: rnd.RoundInputs
-    hyper: rnd.Hyper
-    init_state: rnd.ServerState
-    eval_sets: tuple
-
-
-def client_bytes(model: Model, local: lu.LocalSpec, scaffold: bool) -> float:
-    """Working-set bytes of one client in a vmapped chunk (float32).
-
-    Params, gradient, new params, delta, the broadcast global copy in flight, the optimiser state,
-    SCAFFOLD's two control copies, the shuffle's round keys and a batch of activations (x3 for
-    the backward pass and the fused update).
-    """
-    params = jax.eval_shape(model.init, jax.random.key(0))
-    opt = jax.eval_shape(local.client_opt.init, params)
-    opt_floats = sum(math.prod(x.shape) for x in jax.tree.leaves(opt))
-    p = model.num_params
-    floats = 5 * p + opt_floats + (2 * p if scaffold else 0)
-    floats += local.max_epochs * 2 * lu.SHUFFLE_ROUNDS
-    floats += 3 * local.batch_size * model.activation_floats_per_sample
-    return 4.0 * floats
-
-
-CPU_CACHE_BYTES = 5e6
-
-
-def chunk_size(
-    budget_bytes: float,
-    per_client_bytes: float,
-    cohort: int,
-    n_devices: int,
-    min_buckets: int = 4,
-    cache_clients: int | None = None,
-) -> int:
-    """Clients per chunk: as many as fit in half the budget (the rest for the pool and XLA's
-    temporaries), but at most ``cohort / min_buckets`` so that the size-sorted cohort falls into
-    several buckets and small clients do not wait for the largest, and at most ``cache_clients``
-    (on a CPU: the clients whose parameters fit in :data:`CPU_CACHE_BYTES`, since a vmapped step
-    over more streams every client's weights from DRAM and runs several times slower per client);
-    rounded to a multiple of the device count."""
-    fit = int(0.5 * budget_bytes // max(per_client_bytes, 1.0))
-    if fit < 1:
-        raise AisimError(
-            field="memory_budget",
-            value=f"{budget_bytes:.3g} bytes",
-            expected=f"at least twice the {per_client_bytes:.3g} bytes one client needs",
-            hint="raise {memory_budget}",
-        )
-    size = min(fit, -(-cohort // min_buckets), cache_clients or fit)
-    size = max(n_devices, (size // n_devices) * n_devices)
-    return size
-
-
-_CACHE: dict = {}
-
-
-def _cached(key, make):
-    """Memoises the model and the jitted functions of a run by their static description, so that
-    repeated runs in one process (sweeps, tests, resume) compile each shape once."""
-    if key not in _CACHE:
-        if len(_CACHE) > 64:
-            _CACHE.clear()
-        _CACHE[key] = make()
-    return _CACHE[key]
-
-
-def build(cfg: ExperimentConfig) -> Built:
-    """Loads the data, draws the systems, and jits the round for ``cfg``."""
-    validate(cfg)
-    ds = fl_data.load(
-        cfg.dataset,
-        cfg.clients,
-        cfg.partition,
-        cfg.dirichlet_alpha,
-        cfg.alpha,
-        cfg.beta,
-        cfg.iid,
-        cfg.seed,
-    )
-    pop = ds.population
-    if cfg.clients_per_round > pop.num_clients:
-        raise bad_value(
-            None,
-            "clients_per_round",
-            cfg.clients_per_round,
-            f"at most the {pop.num_clients} clients of the population",
-        )
-    model_name = cfg.model or DEFAULT_MODEL[cfg.dataset]
-    model = _cached(
-        ("model", model_name, ds.input_shape, ds.num_classes),
-        lambda: make_model(model_name, ds.input_shape, ds.num_classes),
-    )
-    devices = jax.devices()
-    mesh = None
-    if cfg.shard and len(devices) > 1:
-        mesh = jax.sharding.Mesh(np.array(devices), ("clients",))
-    static = (
-        model_name,
-        ds.input_shape,
-        ds.num_classes,
-        cfg.algorithm,
-        cfg.server_lr,
-        cfg.server_momentum,
-        cfg.lr,
-        cfg.batch_size,
-        cfg.local_epochs,
-        int(pop.sizes.max()),
-        cfg.clients_per_round,
-        cfg.sampling,
-        mesh is not None,
-        cfg.memory_budget,
-    )
-
-    def make_spec():
-        alg = make_algorithm(cfg.algorithm, cfg.server_lr, cfg.server_momentum)
-        local = lu.LocalSpec(
-            apply=model.apply,
-            client_opt=optax.sgd(cfg.lr),
-            batch_size=cfg.batch_size,
-            max_samples=int(pop.sizes.max()),
-            max_epochs=cfg.local_epochs,
-            proximal=alg.proximal,
-            corrected=alg.scaffold,
-        )
-        per_client = client_bytes(model, local, alg.scaffold)
-        cache_clients = None
-        if devices[0].platform == "cpu":
-            cache_clients = max(1, int(CPU_CACHE_BYTES // model.param_bytes))
-        chunk = chunk_size(
-            parse_bytes(cfg.memory_budget),
-            per_client,
-            cfg.clients_per_round,
-            len(devices) if mesh else 1,
-            cache_clients=cache_clients,
-        )
-        spec = rnd.RoundSpec(
-            local=local,
-            algorithm=alg,
-            cohort=cfg.clients_per_round,
-            chunk=chunk,
-            sampling=cfg.sampling,
-            flops_per_sample=model.train_flops_per_sample,
-            param_bytes=model.param_bytes,
-            mesh=mesh,
-        )
-        return spec, jax.jit(rnd.make_round(spec))
-
-    spec, run_round = _cached(("round", *static), make_spec)
-    systems = draw_systems(
-        parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1)
-    )
-    inputs = rnd.RoundInputs(
-        data=lu.LocalData(
-            x_pool=jnp.asarray(ds.x_train[pop.order]),
-            y_pool=jnp.asarray(ds.y_train[pop.order]),
-        ),
-        starts=jnp.asarray(pop.starts),
-        sizes=jnp.asarray(pop.sizes),
-        systems=systems,
-    )
-    hyper = rnd.Hyper(
-        mu=jnp.float32(cfg.mu),
-        client_lr=jnp.float32(cfg.lr),
-        straggler_fraction=jnp.float32(cfg.stragglers),
-        deadline_s=jnp.float32(cfg.deadline_s if cfg.deadline_s is not None else jnp.inf),
-        clip_norm=jnp.float32(cfg.clip_norm),
-        noise_multiplier=jnp.float32(cfg.noise_multiplier),
-        max_local_steps=jnp.int32(min(cfg.max_local_steps or 2**30, 2**30)),
-    )
-    params = model.init(jax.random.key(cfg.seed))
-    state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed)
-    if mesh is not None:
-        # Replicated over the mesh, as the round returns it: the second round does not recompile.
-        rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        inputs, state = jax.device_put((inputs, state), rep)
-    evaluate = _cached(
-        ("eval", model_name, ds.input_shape, ds.num_classes),
-        lambda: jax.jit(rnd.make_evaluate(model.apply)),
-    )
-    eval_sets = (
-        (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
-        (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
-    )
-    return Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper, state, eval_sets)
 
 
 def _save_checkpoint(

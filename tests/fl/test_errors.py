@@ -10,12 +10,13 @@ from typer.testing import CliRunner
 
 from aisim.app import app
 from fl import ExperimentConfig
+from fl.build import chunk_size
 from fl.config import load_toml, validate
 from fl.data import load
 from fl.models import make_model
 from fl.partition import dirichlet
 from fl.server import make_algorithm
-from fl.simulation import chunk_size, load_config_json
+from fl.simulation import load_config_json
 from fl.systems import parse_mix
 from simbase.errors import AisimError
 

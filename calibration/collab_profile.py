@@ -1,0 +1,161 @@
+"""Collaboration profiles: the ``aisim.profile/1`` documents of a collab fit or of measured
+serialisation throughputs, and a scenario with such a profile applied.
+
+Contract: :func:`fit_profile` and :func:`serde_profile` build the documents (a ``collab`` block
+with ``fit`` or ``serde``); :func:`apply_profile` reads one (:func:`calibration.profile.read_profile`)
+and returns a :class:`perfmodel.collab.Scenario` with its values. A bad document raises
+:class:`~simbase.errors.AisimError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jax.numpy as jnp
+
+from perfmodel import collab
+from simbase.errors import AisimError, bad_value
+
+if TYPE_CHECKING:
+    from calibration.collab_fit import CollabFit, CollabTable
+
+COLLAB_KIND = "collab"
+
+
+def fit_profile(fit: CollabFit, table: CollabTable, scenario: collab.Scenario) -> dict:
+    """The ``aisim.profile/1`` document of a fit (its ``collab.fit`` block; see :func:`apply_profile`)."""
+    from calibration.profile import PROFILE_SCHEMA
+    from simbase import version
+
+    return {
+        "schema": PROFILE_SCHEMA,
+        "kind": COLLAB_KIND,
+        "created_by": f"aisim {version()}",
+        "collab": {
+            "fit": {
+                "values": fit.values,
+                "rms_error_pp": fit.rms_error_pp,
+                "fitted_percentages": fit.num_fitted_values,
+                "rows": int(table.fitted.sum()),
+                "data": Path(table.path).name,
+                "data_sha256": table.source_sha256,
+                "scenario": {
+                    "hardware": [h.name for h in scenario.hardware],
+                    "aggregator": scenario.aggregator.name,
+                    "mode": scenario.mode,
+                    "topology": scenario.topology,
+                },
+            }
+        },
+    }
+
+
+def serde_profile(results: dict[str, dict[str, float]], measurements: list[dict]) -> dict:
+    """The ``aisim.profile/1`` document of measured (de)serialisation throughputs by format."""
+    from calibration.profile import PROFILE_SCHEMA
+    from simbase import version
+
+    return {
+        "schema": PROFILE_SCHEMA,
+        "kind": COLLAB_KIND,
+        "created_by": f"aisim {version()}",
+        "collab": {"serde": results, "serde_measurements": measurements},
+    }
+
+
+def _positive_number(doc: dict, key: str, where: str) -> float:
+    v = doc.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise bad_value(where, key, v, "a positive SI number")
+    return float(v)
+
+
+def apply_profile(
+    scenario: collab.Scenario,
+    path: str | Path,
+    serde_format: str = "msgpack",
+    keep_latency: bool = False,
+) -> collab.Scenario:
+    """A scenario with a collaboration profile's values applied.
+
+    A ``collab.serde`` block (:func:`serde_profile`) sets the (de)serialisation
+    throughputs of ``serde_format``; a ``collab.fit`` block (:func:`fit_profile`) sets each
+    site's compute efficiency and overhead (by index; sites beyond the fitted ones keep their
+    preset), the WAN efficiency and latency (unless ``keep_latency``), the serialisation
+    throughputs and the aggregation factor.
+
+    Raises:
+      AisimError: not a profile, no collab block, a missing format or a bad value.
+    """
+    from calibration.profile import read_profile
+
+    doc = read_profile(path)
+    block = doc.get("collab")
+    if not isinstance(block, dict):
+        raise AisimError(
+            f"{path}: no 'collab' block: expected a collaboration profile (from fit_profile or "
+            f"serde_profile)"
+        )
+    changes: dict = {}
+    serde = block.get("serde")
+    if isinstance(serde, dict):
+        if serde_format not in serde:
+            raise bad_value(
+                str(path), "collab.serde", serde_format, f"a measured format ({', '.join(serde)})"
+            )
+        w = f"{path}: collab.serde.{serde_format}"
+        changes["serialize_bytes_per_s"] = _positive_number(
+            serde[serde_format], "serialize_bytes_per_s", w
+        )
+        changes["deserialize_bytes_per_s"] = _positive_number(
+            serde[serde_format], "deserialize_bytes_per_s", w
+        )
+    fitted = block.get("fit")
+    if isinstance(fitted, dict):
+        v = fitted.get("values", {})
+        w = f"{path}: collab.fit.values"
+        consts, overheads = [], []
+        base = scenario.per_site("consts")
+        old_over = scenario.per_site("overhead_s")
+        for i, hw in enumerate(scenario.hardware):
+            c = hw.constants if base[i] is None else base[i]
+            if f"site{i + 1}.overhead_s" in v:
+                c = dataclasses.replace(
+                    c,
+                    matmul_efficiency_max=jnp.asarray(
+                        _positive_number(v, f"site{i + 1}.matmul_efficiency_max", w)
+                    ),
+                    memory_efficiency_max=jnp.asarray(
+                        _positive_number(v, f"site{i + 1}.memory_efficiency_max", w)
+                    ),
+                )
+                overheads.append(_positive_number(v, f"site{i + 1}.overhead_s", w))
+            else:
+                overheads.append(old_over[i])
+            eff = (
+                jnp.asarray(c.link_bandwidth_efficiency)
+                .at[collab.WAN]
+                .set(_positive_number(v, "wan.bandwidth_efficiency", w))
+            )
+            c = dataclasses.replace(c, link_bandwidth_efficiency=eff)
+            if not keep_latency:
+                c = dataclasses.replace(
+                    c,
+                    link_latency_s=jnp.asarray(c.link_latency_s)
+                    .at[collab.WAN]
+                    .set(_positive_number(v, "wan.latency_s", w)),
+                )
+            consts.append(c)
+        changes.update(
+            consts=tuple(consts),
+            overhead_s=tuple(overheads),
+            serialize_bytes_per_s=_positive_number(v, "serialize_bytes_per_s", w),
+            deserialize_bytes_per_s=_positive_number(v, "deserialize_bytes_per_s", w),
+            aggregation_time_factor=_positive_number(v, "aggregation_time_factor", w),
+        )
+    if not changes:
+        raise AisimError(f"{path}: the 'collab' block has neither 'serde' nor 'fit'")
+    return dataclasses.replace(scenario, **changes)
