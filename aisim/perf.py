@@ -10,6 +10,15 @@ from rich.table import Table
 
 from aisim.common import resolve_constants
 from aisim.console import console, flag_names, guard, print_json
+from aisim.perf_planning import (
+    PLAN_FLAGS,
+    PlanOptions,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    UtilisationOpt,
+    print_plan,
+)
 from perfmodel import BREAKDOWN_TERMS, resolve_hardware, resolve_model
 from perfmodel import estimate as estimate_strategy
 from simbase import units
@@ -93,6 +102,7 @@ def estimate_one(
     fused_attention: bool = False,
     profile: Path | None = None,
     cost_model: str = "aisim",
+    plan: PlanOptions | None = None,
 ) -> dict:
     """The ``aisim perf estimate --json`` document of one strategy, from the command's options
     (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
@@ -129,7 +139,10 @@ def estimate_one(
         dp_overlap=dp_overlap,
         fused_attention=fused_attention,
     )
-    return result.to_dict()
+    doc = result.to_dict()
+    if plan is not None:
+        plan.annotate(doc, result)
+    return doc
 
 
 @app.command("estimate")
@@ -200,10 +213,18 @@ def estimate(
     ] = False,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
+    utilisation: UtilisationOpt = None,
+    pue: PueOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
-    with guard(FLAGS):
+    with guard(FLAGS | PLAN_FLAGS):
+        planned = PlanOptions(tokens, price_per_gpu_hour, utilisation, pue, profile)
+        if planned.price_per_gpu_hour_usd is not None:
+            hardware = planned.hardware(hardware, hardware_file)
+            hardware_file = None
         doc = estimate_one(
             model=model,
             model_file=model_file,
@@ -232,11 +253,13 @@ def estimate(
             fused_attention=fused_attention,
             profile=profile,
             cost_model=cost_model,
+            plan=planned,
         )
         if json_out:
             print_json(doc)
             return
         print_estimate(doc)
+        print_plan(doc)
 
 
 def print_estimate(doc: dict) -> None:

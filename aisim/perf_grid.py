@@ -28,6 +28,15 @@ from aisim.console import (
     print_json,
     print_table,
 )
+from aisim.perf_planning import (
+    PLAN_FLAGS,
+    PlanOptions,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    UtilisationOpt,
+    plan_line,
+)
 from perfmodel import (
     BREAKDOWN_TERMS,
     SweepResult,
@@ -37,6 +46,7 @@ from perfmodel import (
     strategy_label,
 )
 from perfmodel import sweep as run_sweep
+from perfmodel.planning import plan_sweep
 from simbase import units
 from simbase.errors import bad_value
 from simbase.io import write_table
@@ -248,6 +258,8 @@ def print_sweep(doc: dict, *, wide: bool = False) -> None:
     """The sweep for people: the top strategies, the Pareto front, the best strategy of each
     sweep point, the cheapest hardware and why strategies were not feasible."""
     print_table(top_table(doc, wide=wide), wide=wide)
+    if doc["best"].get("train_days") is not None:
+        console.print("best strategy " + plan_line(doc["best"]), highlight=False)
     console.print(_pareto_line(doc))
     if "sweep" in doc:
         print_table(points_table(doc, wide=wide), wide=wide)
@@ -379,7 +391,8 @@ def grid_command(
     rank_by: Annotated[
         str,
         typer.Option(
-            "--rank-by", help="throughput (tokens/s), cost ($ per million tokens) or mfu."
+            "--rank-by",
+            help="throughput (tokens/s), cost ($ per million tokens), mfu, time (to train) or energy (per token).",
         ),
     ] = "throughput",
     profile: Annotated[
@@ -407,11 +420,16 @@ def grid_command(
         bool,
         typer.Option("--wide", help="Show every column, even wider than the terminal."),
     ] = False,
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
+    utilisation: UtilisationOpt = None,
+    pue: PueOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
     1024 x A100-80GB, global batch 1536)."""
-    with guard(FLAGS):
+    with guard(FLAGS | PLAN_FLAGS):
+        planned = PlanOptions(tokens, price_per_gpu_hour, utilisation, pue, profile)
         check_out_suffix(out)
         _check_plot(plot)
         knobs = grid_knobs(
@@ -445,9 +463,13 @@ def grid_command(
         else:
             devices = [resolve_hardware(h) for h in split_list(hardware) or [None]]
         with SweepProgress(enabled=not json_out) as progress:
-            result = run_sweep(
+            result = plan_sweep(
                 models,
                 devices,
+                tokens=planned.token_count,
+                price_per_gpu_hour_usd=price_per_gpu_hour,
+                utilisation_factor=utilisation,
+                pue=pue,
                 num_gpus=_ints(gpus, "num_gpus"),
                 global_batch=_ints(global_batch, "global_batch"),
                 gpus_per_node=gpus_per_node,

@@ -26,6 +26,7 @@ from calibration.objective import objective, predicted_step_time_s
 from calibration.parameterization import Parameterization
 from calibration.rows import RowBatch
 from perfmodel.constants import Constants
+from perfmodel.uncertainty import ConstantsCovariance
 
 ADAM_STEPS = 300
 ADAM_LR = 0.05
@@ -61,6 +62,9 @@ class FitResult:
     cv_error_pct: np.ndarray
     cv_method: str
     loss: float
+    # the fitted constants' covariance (perfmodel.uncertainty), None with no more rows than
+    # free constants
+    covariance: ConstantsCovariance | None = None
 
     @property
     def in_sample_mape_pct(self) -> float:
@@ -224,6 +228,43 @@ def _uncertainty(param, batch, measured_s, raw, residuals) -> dict[str, float | 
     return {k: float(std[order.index(k)]) for k in param.free}
 
 
+def fit_covariance(
+    param: Parameterization,
+    batch: RowBatch,
+    measured_s: np.ndarray,
+    raw: dict[str, jax.Array],
+    weights: np.ndarray | None = None,
+) -> ConstantsCovariance | None:
+    """The covariance of the constants fitted to the rows with weight > 0 (``raw``), over the
+    :class:`~perfmodel.constants.Constants` entries they move, with the residual variance of
+    the log step times (see :mod:`calibration.intervals`); None with no more rows than free
+    constants."""
+    from calibration.intervals import constants_covariance
+
+    measured_s = np.asarray(measured_s, np.float64)
+    n_all = len(measured_s)
+    w = np.ones(n_all, np.float32) if weights is None else np.asarray(weights, np.float32)
+    used = w > 0
+    n, p = int(used.sum()), len(param.free)
+    if n <= p:
+        return None
+    h, _ = _curvature(
+        param.free,
+        param.base,
+        batch.groups,
+        jnp.asarray(batch.order),
+        jnp.log(jnp.asarray(measured_s, jnp.float32)),
+        jnp.asarray(w),
+        raw,
+    )
+    h = np.asarray(h, np.float64)
+    pred = np.asarray(predicted_step_time_s(batch, param.constants(raw)), np.float64)
+    residuals = np.log(pred / measured_s)[used]
+    sigma2 = float(np.sum(residuals**2) / (n - p))
+    cov_raw = sigma2 / n * np.linalg.pinv(0.5 * (h + h.T))
+    return constants_covariance(param, raw, cov_raw, sigma2, n - p)
+
+
 def fit(
     param: Parameterization,
     batch: RowBatch,
@@ -275,4 +316,5 @@ def fit(
         cv_error_pct=100.0 * (cv_pred / measured_s - 1.0),
         cv_method=method,
         loss=value,
+        covariance=fit_covariance(param, batch, measured_s, raw),
     )

@@ -4,7 +4,11 @@ Schema ``aisim.profile/1``::
 
     {"schema": "aisim.profile/1", "hardware": "a100-80gb", "constants": {<Constants field>: SI value},
      "fitted": [names of free constants], "data_sha256": "...", "rows": N,
-     "fit": {"in_sample_mape_pct": ..., "cv_mape_pct": ...}, "created_by": "aisim 0.1.0"}
+     "fit": {"in_sample_mape_pct": ..., "cv_mape_pct": ...}, "created_by": "aisim 0.1.0",
+     "covariance": {"entries": [...], "matrix": [[...]], "residual_variance_log": σ², "dof": N-p}}
+
+``covariance`` (optional; profiles written before it have only the ``uncertainty`` standard
+deviations) is what :mod:`perfmodel.uncertainty` propagates to prediction intervals.
 
 ``constants`` may hold any subset of :class:`perfmodel.constants.Constants` fields; the rest
 come from the hardware preset. Collaboration profiles (``aisim collab fit``) add their own keys.
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.constants import Constants, constants_from_si_dict
+from perfmodel.uncertainty import ConstantsCovariance, covariance_from_dict
 from simbase.errors import AisimError, bad_value
 from simbase.io import read_json
 
@@ -75,3 +80,17 @@ def load_profile_constants(path: str | Path, hardware_name: str, base: Constants
             hint="pass {hardware} " + hw,
         )
     return profile_constants(doc, base, str(path))
+
+
+def load_profile_covariance(path: str | Path) -> ConstantsCovariance | None:
+    """The covariance block of a profile (:class:`perfmodel.uncertainty.ConstantsCovariance`),
+    or None when the profile has none (written before covariances were stored, or fitted to
+    no more rows than free constants).
+
+    Raises:
+      AisimError: the file is not a profile, or its covariance block is malformed.
+    """
+    doc = read_profile(path)
+    if doc.get("covariance") is None:
+        return None
+    return covariance_from_dict(doc["covariance"], str(path))

@@ -129,6 +129,7 @@ def profile_document(
         "constants": constants_to_dict(result.constants),
         "fitted": list(result.free),
         "uncertainty": {k: result.stddev[k] for k in result.free},
+        **({} if result.covariance is None else {"covariance": result.covariance.to_dict()}),
         "data_sha256": data_sha,
         "rows": len(result.measured_s),
         "seed": seed,

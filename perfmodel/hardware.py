@@ -59,6 +59,9 @@ class Hardware:
     sources: dict[str, str]
     link_technology: dict[str, str]
     path: str = ""
+    # the data sheet's maximum board power per device in watts (None when unknown): the energy
+    # to train (perfmodel.planning) scales it; it never enters a step time, so it is no leaf
+    board_power_w: float | None = None
 
     def replace_spec(self, **changes: Any) -> Hardware:
         """Returns a copy with some spec fields replaced (values in SI units)."""
@@ -182,6 +185,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         devices_share_host=jnp.asarray(float(shared), jnp.float32),
     )
     consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
+    power = _number(where, "board_power_w", doc.get("board_power_w"), "watts", allow_none=True)
     return Hardware(
         name=str(doc.get("name", Path(where).stem)).lower(),
         description=str(doc.get("description", "")),
@@ -190,6 +194,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         sources=dict(doc.get("sources", {})),
         link_technology=tech,
         path=where,
+        board_power_w=power,
     )
 
 

@@ -1,0 +1,140 @@
+"""The covariance a fit leaves in its profile, and an honest check of the intervals it gives.
+
+Contract: :func:`constants_covariance` maps the fit's raw-space covariance
+``Cov(θ) ≈ σ²/N · H⁻¹`` (:mod:`calibration.fit`) to the constants the model reads, by the delta
+method ``Cov(x) = J Cov(θ) Jᵀ`` with ``J = ∂x/∂θ``; a shorthand such as ``efficiency`` (one logit
+shift of several fields) is expanded into the fields it moves, so that the covariance is over
+plain :class:`~perfmodel.constants.Constants` entries and :mod:`perfmodel.uncertainty` can use it
+without knowing the parameterization. :func:`loo_coverage` fits without each row in turn,
+predicts the row with its interval, and counts how often the measurement falls inside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from calibration.objective import predicted_step_time_s
+from calibration.parameterization import GROUPS, Parameterization
+from calibration.rows import RowBatch
+from perfmodel.uncertainty import (
+    DEFAULT_LEVEL,
+    ConstantsCovariance,
+    entry_values,
+    log_interval,
+    with_entries,
+)
+
+
+def covaried_entries(param: Parameterization) -> tuple[str, ...]:
+    """The :class:`~perfmodel.constants.Constants` entries a parameterization moves (its free
+    entries, with each shorthand expanded into its members), each once, in order."""
+    out: list[str] = []
+    for e in param.free:
+        for member in GROUPS.get(e, (e,)):
+            if member not in out:
+                out.append(member)
+    return tuple(out)
+
+
+def constants_covariance(
+    param: Parameterization,
+    raw: dict[str, jax.Array],
+    cov_raw: np.ndarray,
+    residual_variance: float,
+    dof: int,
+) -> ConstantsCovariance:
+    """The covariance of the constants' entries from the covariance of the flat raw values.
+
+    Args:
+      param: the fit's parameterization.
+      raw: the fitted raw values.
+      cov_raw: ``(p, p)`` covariance of ``ravel_pytree(raw)`` (sorted-key order).
+      residual_variance: ``σ²`` of the log residuals.
+      dof: rows − free constants.
+    """
+    entries = covaried_entries(param)
+    flat, unravel = ravel_pytree(raw)
+    jac = jax.jacobian(lambda x: entry_values(param.constants(unravel(x)), entries))(flat)
+    jac = np.asarray(jac, np.float64)
+    cov = jac @ np.asarray(cov_raw, np.float64) @ jac.T
+    return ConstantsCovariance(entries, 0.5 * (cov + cov.T), float(residual_variance), int(dof))
+
+
+def log_time_jacobian(batch: RowBatch, c, entries: tuple[str, ...]) -> np.ndarray:
+    """``∂ log t_i / ∂ x`` of every row's predicted step time, shape ``(n, p)`` (forward mode
+    through the same vmapped step function the fit uses)."""
+    x0 = entry_values(c, entries)
+    jac = jax.jacfwd(lambda x: jnp.log(predicted_step_time_s(batch, with_entries(c, entries, x))))
+    return np.asarray(jac(x0), np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """Leave-one-out coverage of the prediction intervals.
+
+    Attributes:
+      level: the nominal probability of each interval.
+      inside: per row, whether the measurement fell inside the interval of the fit without it.
+      lo_s, hi_s, predicted_s, measured_s: per row, seconds.
+    """
+
+    level: float
+    inside: np.ndarray
+    lo_s: np.ndarray
+    hi_s: np.ndarray
+    predicted_s: np.ndarray
+    measured_s: np.ndarray
+
+    @property
+    def rate(self) -> float:
+        """The fraction of rows inside their interval."""
+        return float(np.mean(self.inside)) if self.inside.size else float("nan")
+
+
+def loo_coverage(
+    param: Parameterization, batch: RowBatch, measured_s: np.ndarray, level: float = DEFAULT_LEVEL
+) -> Coverage:
+    """Fits without each row, predicts it with its ``level`` interval, and records whether the
+    measurement is inside (rows whose held-out fit has no residual degree of freedom left are
+    skipped: no interval exists there).
+
+    Args:
+      param: the constants to free.
+      batch: the rows (:func:`calibration.rows.build_batch`).
+      measured_s: measured seconds per step, shape ``(n,)``.
+      level: the intervals' probability.
+    """
+    from calibration.fit import fit_covariance, solve
+
+    measured_s = np.asarray(measured_s, np.float64)
+    n = len(measured_s)
+    inside, lo, hi, pred, meas = [], [], [], [], []
+    for i in range(n):
+        w = np.ones(n, np.float32)
+        w[i] = 0.0
+        raw, _ = solve(param, batch, measured_s, w)
+        cov = fit_covariance(param, batch, measured_s, raw, w)
+        if cov is None:
+            continue
+        c = param.constants(raw)
+        t = float(np.asarray(predicted_step_time_s(batch, c))[i])
+        g = log_time_jacobian(batch, c, cov.entries)[i]
+        iv = log_interval(t, g, cov, level)
+        inside.append(iv.lo <= measured_s[i] <= iv.hi)
+        lo.append(iv.lo)
+        hi.append(iv.hi)
+        pred.append(t)
+        meas.append(measured_s[i])
+    return Coverage(
+        level=level,
+        inside=np.asarray(inside, bool),
+        lo_s=np.asarray(lo),
+        hi_s=np.asarray(hi),
+        predicted_s=np.asarray(pred),
+        measured_s=np.asarray(meas),
+    )
