@@ -91,3 +91,25 @@ def test_library_errors_carry_data_not_flags(call, field, value):
         call()
     assert (e.value.source, e.value.field, e.value.value) == (None, field, value)
     assert "--" not in str(e.value)
+
+
+def test_public_api_names_exist_and_profiles_round_trip(tmp_path):
+    import json
+
+    from calibration.collab_profile import apply_profile, serde_profile
+
+    assert all(hasattr(collab, n) for n in collab.__all__)
+    rows = serde.measure_serde(["1k"], ["pickle"], repeats=1)
+    doc = serde_profile(serde.serde_throughputs(rows), [r.to_dict() for r in rows])
+    path = tmp_path / "serde.json"
+    path.write_text(json.dumps(doc))
+    sc = scenario_from_text(serde_format="pickle")
+    out = apply_profile(sc, path, "pickle")
+    assert out.serialize_bytes_per_s == doc["collab"]["serde"]["pickle"]["serialize_bytes_per_s"]
+    with pytest.raises(AisimError) as e:
+        apply_profile(sc, path, "numpy")
+    assert (e.value.source, e.value.field, e.value.value) == (str(path), "collab.serde", "numpy")
+    path.write_text(json.dumps({k: v for k, v in doc.items() if k != "collab"}))
+    with pytest.raises(AisimError, match="no 'collab' block") as e:
+        apply_profile(sc, path)
+    assert "aisim collab" not in str(e.value)
