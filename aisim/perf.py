@@ -310,3 +310,14 @@ def _register_grid() -> None:
 
 
 _register_grid()
+
+
+def _register_planning() -> None:
+    from aisim.perf_compare import compare_command
+    from aisim.perf_sensitivity import sensitivity_command
+
+    app.command("sensitivity")(sensitivity_command)
+    app.command("compare")(compare_command)
+
+
+_register_planning()

@@ -203,9 +203,7 @@ def prediction_intervals(
     result = {"step_time_s": t}
     for k in RATE_KEYS:
         v = float(getattr(out, k))
-        result[k] = dataclasses.replace(
-            t, value=v, lo=v * t.value / t.hi, hi=v * t.value / t.lo
-        )
+        result[k] = dataclasses.replace(t, value=v, lo=v * t.value / t.hi, hi=v * t.value / t.lo)
     return result
 
 
