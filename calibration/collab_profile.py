@@ -100,62 +100,71 @@ def apply_profile(
             f"serde_profile)"
         )
     changes: dict = {}
-    serde = block.get("serde")
-    if isinstance(serde, dict):
-        if serde_format not in serde:
-            raise bad_value(
-                str(path), "collab.serde", serde_format, f"a measured format ({', '.join(serde)})"
-            )
-        w = f"{path}: collab.serde.{serde_format}"
-        changes["serialize_bytes_per_s"] = _positive_number(
-            serde[serde_format], "serialize_bytes_per_s", w
-        )
-        changes["deserialize_bytes_per_s"] = _positive_number(
-            serde[serde_format], "deserialize_bytes_per_s", w
-        )
-    fitted = block.get("fit")
-    if isinstance(fitted, dict):
-        v = fitted.get("values", {})
-        w = f"{path}: collab.fit.values"
-        consts, overheads = [], []
-        base = scenario.per_site("consts")
-        old_over = scenario.per_site("overhead_s")
-        for i, hw in enumerate(scenario.hardware):
-            c = hw.constants if base[i] is None else base[i]
-            if f"site{i + 1}.overhead_s" in v:
-                c = dataclasses.replace(
-                    c,
-                    matmul_efficiency_max=jnp.asarray(
-                        _positive_number(v, f"site{i + 1}.matmul_efficiency_max", w)
-                    ),
-                    memory_efficiency_max=jnp.asarray(
-                        _positive_number(v, f"site{i + 1}.memory_efficiency_max", w)
-                    ),
-                )
-                overheads.append(_positive_number(v, f"site{i + 1}.overhead_s", w))
-            else:
-                overheads.append(old_over[i])
-            eff = (
-                jnp.asarray(c.link_bandwidth_efficiency)
-                .at[collab.WAN]
-                .set(_positive_number(v, "wan.bandwidth_efficiency", w))
-            )
-            c = dataclasses.replace(c, link_bandwidth_efficiency=eff)
-            if not keep_latency:
-                c = dataclasses.replace(
-                    c,
-                    link_latency_s=jnp.asarray(c.link_latency_s)
-                    .at[collab.WAN]
-                    .set(_positive_number(v, "wan.latency_s", w)),
-                )
-            consts.append(c)
-        changes.update(
-            consts=tuple(consts),
-            overhead_s=tuple(overheads),
-            serialize_bytes_per_s=_positive_number(v, "serialize_bytes_per_s", w),
-            deserialize_bytes_per_s=_positive_number(v, "deserialize_bytes_per_s", w),
-            aggregation_time_factor=_positive_number(v, "aggregation_time_factor", w),
-        )
+    if isinstance(block.get("serde"), dict):
+        changes.update(_serde_changes(block["serde"], serde_format, path))
+    if isinstance(block.get("fit"), dict):
+        changes.update(_fit_changes(block["fit"], scenario, keep_latency, path))
     if not changes:
         raise AisimError(f"{path}: the 'collab' block has neither 'serde' nor 'fit'")
     return dataclasses.replace(scenario, **changes)
+
+
+def _serde_changes(serde: dict, serde_format: str, path) -> dict:
+    """The scenario fields a ``collab.serde`` block sets: ``serde_format``'s throughputs."""
+    if serde_format not in serde:
+        raise bad_value(
+            str(path), "collab.serde", serde_format, f"a measured format ({', '.join(serde)})"
+        )
+    w = f"{path}: collab.serde.{serde_format}"
+    return {
+        "serialize_bytes_per_s": _positive_number(serde[serde_format], "serialize_bytes_per_s", w),
+        "deserialize_bytes_per_s": _positive_number(
+            serde[serde_format], "deserialize_bytes_per_s", w
+        ),
+    }
+
+
+def _fit_changes(fitted: dict, scenario: collab.Scenario, keep_latency: bool, path) -> dict:
+    """The scenario fields a ``collab.fit`` block sets: per-site constants and overheads, the
+    serialisation throughputs and the aggregation factor."""
+    v = fitted.get("values", {})
+    w = f"{path}: collab.fit.values"
+    consts, overheads = [], []
+    base = scenario.per_site("consts")
+    old_over = scenario.per_site("overhead_s")
+    for i, hw in enumerate(scenario.hardware):
+        c = hw.constants if base[i] is None else base[i]
+        if f"site{i + 1}.overhead_s" in v:
+            c = dataclasses.replace(
+                c,
+                matmul_efficiency_max=jnp.asarray(
+                    _positive_number(v, f"site{i + 1}.matmul_efficiency_max", w)
+                ),
+                memory_efficiency_max=jnp.asarray(
+                    _positive_number(v, f"site{i + 1}.memory_efficiency_max", w)
+                ),
+            )
+            overheads.append(_positive_number(v, f"site{i + 1}.overhead_s", w))
+        else:
+            overheads.append(old_over[i])
+        eff = (
+            jnp.asarray(c.link_bandwidth_efficiency)
+            .at[collab.WAN]
+            .set(_positive_number(v, "wan.bandwidth_efficiency", w))
+        )
+        c = dataclasses.replace(c, link_bandwidth_efficiency=eff)
+        if not keep_latency:
+            c = dataclasses.replace(
+                c,
+                link_latency_s=jnp.asarray(c.link_latency_s)
+                .at[collab.WAN]
+                .set(_positive_number(v, "wan.latency_s", w)),
+            )
+        consts.append(c)
+    return dict(
+        consts=tuple(consts),
+        overhead_s=tuple(overheads),
+        serialize_bytes_per_s=_positive_number(v, "serialize_bytes_per_s", w),
+        deserialize_bytes_per_s=_positive_number(v, "deserialize_bytes_per_s", w),
+        aggregation_time_factor=_positive_number(v, "aggregation_time_factor", w),
+    )
