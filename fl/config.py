@@ -30,7 +30,8 @@ def unknown_name(field: str, value: object, choices, what: str) -> AisimError:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """One federated experiment (each field is documented by ``aisim fl run --help``)."""
+    """One federated experiment: plain values, the keys of an experiment file (see :func:`validate`
+    for the ranges; the command line documents each field in its help)."""
 
     dataset: str = "synthetic"
     alpha: float = 1.0
