@@ -14,7 +14,10 @@ Public API:
   :func:`measured_step_times` (rows as stacked pytrees); :func:`objective`,
   :func:`predicted_step_time_s`; :func:`fit` -> :class:`FitResult`; :func:`predict_table`,
   :func:`predict_rows`.
-- **Profiles**: :func:`read_profile`, :func:`load_profile_constants`, :data:`PROFILE_SCHEMA`.
+- **Profiles**: :func:`read_profile`, :func:`load_profile_constants`, :data:`PROFILE_SCHEMA`;
+  :func:`load_profile_covariance` (the fitted constants' covariance, for prediction intervals).
+- **Checking the intervals**: :func:`loo_coverage` -> :class:`Coverage` (fit without each row,
+  predict it with its interval), :func:`shipped_coverage` (on the shipped measurement sets).
 - **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
   logs); :func:`measure_many`, :func:`measure_one`, :class:`Shape`, :class:`Config`,
   :func:`check_config`, :func:`hardware_for_devices` and :func:`shape_columns` (time real flax
@@ -25,6 +28,7 @@ Public API:
 from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
 from calibration.colossal import import_logs, parse_log
 from calibration.fit import FitResult, fit
+from calibration.intervals import Coverage, loo_coverage, shipped_coverage
 from calibration.measurements import (
     InvalidRows,
     data_path,
@@ -40,7 +44,12 @@ from calibration.pipeline import (
     predict_measurements,
 )
 from calibration.predict import predict_rows, predict_table
-from calibration.profile import PROFILE_SCHEMA, load_profile_constants, read_profile
+from calibration.profile import (
+    PROFILE_SCHEMA,
+    load_profile_constants,
+    load_profile_covariance,
+    read_profile,
+)
 from calibration.report import parity_plot
 from calibration.rows import (
     RowBatch,
@@ -82,6 +91,7 @@ __all__ = [
     "PROFILE_SCHEMA",
     "STATISTICS",
     "CollabFit",
+    "Coverage",
     "Config",
     "FitResult",
     "InvalidRows",
@@ -101,6 +111,8 @@ __all__ = [
     "load_collab_table",
     "load_measurements",
     "load_profile_constants",
+    "load_profile_covariance",
+    "loo_coverage",
     "measure_many",
     "measure_one",
     "measured_step_times",
@@ -118,4 +130,5 @@ __all__ = [
     "resolve_rows",
     "row_strategy",
     "shape_columns",
+    "shipped_coverage",
 ]

@@ -138,3 +138,47 @@ def loo_coverage(
         predicted_s=np.asarray(pred),
         measured_s=np.asarray(meas),
     )
+
+
+SHIPPED_SETS = (
+    "korthikanti2022_table5_iteration_time.csv",
+    "narayanan2021_table1_weak_scaling.csv",
+)
+
+
+def shipped_coverage(level: float = DEFAULT_LEVEL) -> dict[str, Coverage]:
+    """:func:`loo_coverage` of the default free constants on each shipped measurement set."""
+    from calibration.measurements import data_path, load_measurements
+    from calibration.parameterization import parse_free
+    from calibration.rows import build_batch, measured_step_times, resolve_rows
+
+    out = {}
+    for name in SHIPPED_SETS:
+        df = load_measurements(data_path(name))
+        if "has_measurement" in df:
+            df = df[df["has_measurement"].to_numpy(bool)].reset_index(drop=True)
+        t = measured_step_times(df, name)
+        rows = resolve_rows(df, None)
+        param = parse_free(None, rows[0].hardware.constants)
+        out[name] = loo_coverage(param, build_batch(rows), t, level)
+    return out
+
+
+def main() -> None:
+    """``python -m calibration.intervals``: prints the leave-one-out coverage of the 90%
+    prediction intervals on the shipped measurement sets."""
+    results = shipped_coverage()
+    inside = total = 0
+    for name, cov in results.items():
+        k, n = int(cov.inside.sum()), int(cov.inside.size)
+        inside, total = inside + k, total + n
+        width = float(np.median(cov.hi_s / cov.lo_s)) if n else float("nan")
+        print(
+            f"{name}: {k}/{n} held-out rows inside their {cov.level:.0%} interval "
+            f"(median hi/lo {width:.2f})"
+        )
+    print(f"all: {inside}/{total} = {inside / max(total, 1):.0%} (nominal {DEFAULT_LEVEL:.0%})")
+
+
+if __name__ == "__main__":
+    main()

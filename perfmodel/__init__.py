@@ -22,6 +22,11 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
   (:func:`concat_grids`), :func:`sweep` -> :class:`SweepResult` over models × hardware, the
   on-device reduction :func:`perfmodel.search.search` -> :class:`SearchResult`,
   :func:`pareto_mask`, :func:`results_frame`, :func:`plot_sweep`, :func:`strategy_label`.
+- **Planning** (time, cost and energy to train; what limits a run; how sure):
+  :func:`plan_training` -> :class:`TrainingPlan`, :func:`plan_sweep` (a sweep ranked by
+  ``time``, ``cost`` or ``energy``), :func:`elasticities` -> :class:`Sensitivity`,
+  :func:`capacity_answer` -> :class:`CapacityAnswer`, :func:`prediction_intervals` from a
+  profile's :class:`ConstantsCovariance`.
 - **Collectives** (alpha-beta times in seconds): :func:`all_reduce_s`, :func:`all_gather_s`,
   :func:`reduce_scatter_s`, :func:`all_to_all_s`, :func:`p2p_s`.
 """
@@ -43,8 +48,10 @@ from perfmodel.hardware import (
 )
 from perfmodel.knobs import strategy_from_knobs
 from perfmodel.memory import MemoryBreakdown, memory_per_device
+from perfmodel.planning import TrainingPlan, plan_sweep, plan_training
 from perfmodel.report import results_frame
 from perfmodel.search import SearchResult, pareto_mask
+from perfmodel.sensitivity import CapacityAnswer, Sensitivity, capacity_answer, elasticities
 from perfmodel.step_time import evaluate_grid, step_time
 from perfmodel.strategy import (
     RECOMPUTE,
@@ -55,6 +62,7 @@ from perfmodel.strategy import (
     strategy_to_dict,
 )
 from perfmodel.sweep import SweepResult, strategy_label, sweep
+from perfmodel.uncertainty import ConstantsCovariance, Interval, prediction_intervals
 from perfmodel.workload import (
     Model,
     ModelSpec,
@@ -72,11 +80,14 @@ __all__ = [
     "AisimError",
     "BREAKDOWN_TERMS",
     "COST_MODELS",
+    "CapacityAnswer",
+    "ConstantsCovariance",
     "Constants",
     "Dtype",
     "Estimate",
     "Hardware",
     "HardwareSpec",
+    "Interval",
     "MemoryBreakdown",
     "Model",
     "ModelSpec",
@@ -85,16 +96,20 @@ __all__ = [
     "SCHEDULES",
     "Schedule",
     "SearchResult",
+    "Sensitivity",
     "StepBreakdown",
     "Strategy",
     "StrategyGrid",
     "SweepResult",
+    "TrainingPlan",
     "ZeroStage",
     "all_gather_s",
     "all_reduce_s",
     "all_to_all_s",
+    "capacity_answer",
     "concat_grids",
     "constants_to_dict",
+    "elasticities",
     "enumerate_strategies",
     "estimate",
     "evaluate_grid",
@@ -111,7 +126,10 @@ __all__ = [
     "model_names",
     "p2p_s",
     "pareto_mask",
+    "plan_sweep",
+    "plan_training",
     "plot_sweep",
+    "prediction_intervals",
     "reduce_scatter_s",
     "resolve_hardware",
     "resolve_model",
