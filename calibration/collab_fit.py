@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import io
 import math
 import re
 from pathlib import Path
@@ -40,6 +41,7 @@ from calibration.fit import adam_then_lbfgs
 from calibration.parameterization import Parameterization
 from perfmodel import collab
 from simbase.errors import AisimError, bad_value
+from simbase.io import read_text
 from simbase.units import parse_count
 
 ADAM_STEPS = 1500
@@ -88,13 +90,11 @@ def load_collab_table(path: str | Path, rounds: float | None = None) -> CollabTa
         a non-positive ``rounds`` names the argument ``rounds`` (``source`` ``None``).
     """
     path = Path(path)
+    text = read_text(path, "file")  # one error line for a missing, unreadable or special file
+    raw = path.read_bytes()  # the hash is of the bytes, as written
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise AisimError(f"{path}: file not found") from None
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        df = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise AisimError(f"{path}: not a readable CSV table ({e})") from None
     if "model_params" not in df.columns:
         raise AisimError(f"{path}: missing column 'model_params' (sizes like 10M)")
