@@ -15,11 +15,12 @@ from rich.table import Table
 
 from aisim.common import resolve_constants
 from aisim.console import console, flag_names, guard, print_json
-from aisim.perf_planning import PLAN_FLAGS, PlanOptions, PriceOpt, PueOpt, UtilisationOpt
+from aisim.perf_planning import PLAN_FLAGS, PlanOptions, PriceOpt, PueOpt, UtilisationOpt, money
 from perfmodel import resolve_hardware, resolve_model, strategy_label
 from perfmodel.planning import plan_sweep
 from simbase.errors import bad_value
 from simbase.parse import split_list
+from simbase.units import format_count
 
 FLAGS = flag_names(num_gpus="--gpus") | PLAN_FLAGS
 ROW_KEYS = (
@@ -72,7 +73,7 @@ def compare_document(
         )
         best = result.best
         row = {k: best.get(k) for k in ROW_KEYS}
-        row["strategy"] = strategy_label(best, short=False)
+        row["strategy"] = strategy_label(best)
         row["best"] = best
         rows.append(row)
     return {
@@ -88,13 +89,13 @@ def compare_document(
 def print_compare(doc: dict[str, Any]) -> None:
     """The side-by-side table."""
     t = Table(
-        title=f"{doc['model']}, {doc['tokens']:.3g} tokens on {doc['num_gpus']} GPUs "
+        title=f"{doc['model']}, {format_count(doc['tokens'])} tokens on {doc['num_gpus']} GPUs "
         f"(global batch {doc['global_batch_size']}, best by {doc['rank_by']})"
     )
-    for h in ("hardware", "best strategy", "step s", "tokens/s", "MFU", "days", "GPU-hours"):
+    for h in ("hardware", "best strategy", "step s", "tokens/s", "MFU", "days", "GPU-h"):
         t.add_column(h, justify="left" if h in ("hardware", "best strategy") else "right")
     t.add_column("cost", justify="right")
-    t.add_column("energy MWh", justify="right")
+    t.add_column("MWh", justify="right")
     for r in doc["hardware"]:
         t.add_row(
             r["hardware"],
@@ -103,8 +104,8 @@ def print_compare(doc: dict[str, Any]) -> None:
             f"{r['tokens_per_s']:.4g}",
             f"{100 * r['mfu']:.1f}%",
             f"{r['train_days']:,.1f}",
-            f"{r['gpu_hours']:.3g}",
-            "unknown" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}",
+            format_count(r["gpu_hours"]),
+            "unknown" if r["cost_usd"] is None else money(r["cost_usd"]),
             "unknown" if r["energy_mwh"] is None else f"{r['energy_mwh']:,.0f}",
         )
     console.print(t)
@@ -130,7 +131,8 @@ def plot_compare(doc: dict[str, Any], path: Path) -> None:
         ax.set_title(label, fontsize=10)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.suptitle(
-        f"{doc['model']}: {doc['tokens']:.3g} tokens on {doc['num_gpus']} GPUs", fontsize=10
+        f"{doc['model']}: {format_count(doc['tokens'])} tokens on {doc['num_gpus']} GPUs",
+        fontsize=10,
     )
     fig.tight_layout()
     tmp = Path(str(path) + ".tmp.png")

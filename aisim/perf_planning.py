@@ -122,7 +122,8 @@ def add_plan(doc: dict[str, Any], hw: Hardware, options: PlanOptions) -> None:
                 doc[f"{k}_hi"] = plan[k] * rate / lo_rate
 
 
-def _money(v: float | None) -> str:
+def money(v: float | None) -> str:
+    """Dollars in a few characters (``$65M``); unknown says why."""
     if v is None:
         return "unknown cost (no price: pass --price-per-gpu-hour)"
     for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
@@ -155,7 +156,7 @@ def plan_line(doc: dict) -> str:
     return (
         f"to train {format_count(doc['tokens'])} tokens: {_days(doc)}, "
         f"{format_count(doc['gpu_hours'])} GPU-hours, "
-        f"{_money(doc['cost_usd'])}, {_energy(doc['energy_mwh'])} "
+        f"{money(doc['cost_usd'])}, {_energy(doc['energy_mwh'])} "
         f"(utilisation {doc['utilisation_factor']:g}, PUE {doc['pue']:g})"
     )
 

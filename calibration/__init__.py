@@ -28,7 +28,6 @@ Public API:
 from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
 from calibration.colossal import import_logs, parse_log
 from calibration.fit import FitResult, fit
-from calibration.intervals import Coverage, loo_coverage, shipped_coverage
 from calibration.measurements import (
     InvalidRows,
     data_path,
@@ -61,7 +60,9 @@ from calibration.rows import (
 )
 
 # the measuring loop imports flax: loaded on first use (PEP 562), so `import calibration` stays light
-_LAZY = {
+# (and the coverage check too, so that `python -m calibration.intervals` runs it cleanly)
+_LAZY = {name: "calibration.intervals" for name in ("Coverage", "loo_coverage", "shipped_coverage")}
+_LAZY |= {
     name: "calibration.measure"
     for name in (
         "COMPUTE_DTYPES",
