@@ -35,6 +35,8 @@ from aisim.perf_planning import (
     PueOpt,
     TokensOpt,
     UtilisationOpt,
+    annotate_sweep,
+    interval_line,
     plan_line,
 )
 from perfmodel import (
@@ -258,6 +260,8 @@ def print_sweep(doc: dict, *, wide: bool = False) -> None:
     """The sweep for people: the top strategies, the Pareto front, the best strategy of each
     sweep point, the cheapest hardware and why strategies were not feasible."""
     print_table(top_table(doc, wide=wide), wide=wide)
+    if doc["best"].get("step_time_s_lo") is not None:
+        console.print("best strategy: " + interval_line(doc["best"]), highlight=False)
     if doc["best"].get("train_days") is not None:
         console.print("best strategy " + plan_line(doc["best"]), highlight=False)
     console.print(_pareto_line(doc))
@@ -482,6 +486,7 @@ def grid_command(
                 progress=progress,
                 **knobs,
             )
+        annotate_sweep(planned, result, cost_model)
         _report(result, out=out, plot=plot, json_out=json_out, wide=wide)
 
 

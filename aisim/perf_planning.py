@@ -26,9 +26,11 @@ from perfmodel.planning import (
     check_plan_options,
     parse_tokens,
     plan_for,
+    reported_rows,
     with_price,
 )
-from perfmodel.uncertainty import interval_fields, prediction_intervals
+from perfmodel.sweep import SweepResult
+from perfmodel.uncertainty import interval_fields, prediction_intervals, row_intervals
 from simbase.units import format_count
 
 TokensOpt = Annotated[
@@ -100,6 +102,24 @@ class PlanOptions:
             doc.update(interval_fields(intervals))
         if self.token_count is not None:
             add_plan(doc, est.hardware, self)
+
+
+def annotate_sweep(options: PlanOptions, result: SweepResult, cost_model: str) -> None:
+    """Adds the prediction intervals of a profile with a covariance (``--profile``) to every
+    strategy a sweep reports, and the bounds of their plans (``--tokens``)."""
+    cov = None if options.profile is None else load_profile_covariance(options.profile)
+    if cov is None:
+        return
+    pairs = {(p.model.name, p.hardware.name): p for p in result.searches}
+    step_fn = select_step_fn(cost_model)
+    for row in reported_rows(result):
+        pair = pairs[(row["model"], row["hardware"])]
+        hw = with_price(pair.hardware, options.price_per_gpu_hour_usd)
+        consts = resolve_constants(hw, options.profile)
+        intervals = row_intervals(pair.model.spec, hw.spec, consts, row, cov, step_fn=step_fn)
+        row.update(interval_fields(intervals))
+        if options.token_count is not None:
+            add_plan(row, hw, options)
 
 
 def add_plan(doc: dict[str, Any], hw: Hardware, options: PlanOptions) -> None:

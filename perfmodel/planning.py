@@ -291,8 +291,15 @@ def plan_sweep(
             top=top_rows,
             all_feasible=result.all_feasible if keep_all else None,
         )
+    if tokens is not None and result.all_feasible is not None:
+        result = dataclasses.replace(
+            result,
+            all_feasible=plan_frame(
+                result.all_feasible, by_name, tokens, utilisation_factor=utilisation_factor, pue=pue
+            ),
+        )
     if tokens is not None:
-        for row in _reported_rows(result):
+        for row in reported_rows(result):
             plan = plan_for(
                 row,
                 by_name[row["hardware"]],
@@ -304,10 +311,38 @@ def plan_sweep(
     return result
 
 
-def _reported_rows(result: SweepResult) -> list[dict]:
+def reported_rows(result: SweepResult) -> list[dict]:
     """Every strategy dict a sweep reports, each once (``best`` is ``top[0]``)."""
     rows = [*result.top, *result.best_per_point, *result.cost_by_hardware]
     if result.best is not result.top[0]:
         rows.append(result.best)
     seen: set[int] = set()
     return [r for r in rows if not (id(r) in seen or seen.add(id(r)))]
+
+
+def plan_frame(
+    df: pd.DataFrame,
+    hardware: dict[str, Hardware],
+    tokens: float,
+    *,
+    utilisation_factor: float | None = None,
+    pue: float | None = None,
+) -> pd.DataFrame:
+    """A results frame (one strategy per row, with ``hardware``, ``num_gpus`` and
+    ``tokens_per_s`` columns) with the plan's columns added (:data:`PLAN_KEYS`; NaN where
+    unknown), vectorised with the formulas of :func:`plan_training`."""
+    u = DEFAULT_UTILISATION if utilisation_factor is None else float(utilisation_factor)
+    p = DEFAULT_PUE if pue is None else float(pue)
+    names = df["hardware"].to_numpy()
+    price = np.array([float(hardware[h].spec.price_per_device_hour_usd) for h in names])
+    power = np.array(
+        [np.nan if hardware[h].board_power_w is None else hardware[h].board_power_w for h in names]
+    )
+    gpus = df["num_gpus"].to_numpy(float)
+    wall_s = float(tokens) / df["tokens_per_s"].to_numpy(float)
+    out = df.copy()
+    out["train_days"] = wall_s / SECONDS_PER_DAY
+    out["gpu_hours"] = gpus * wall_s / units.HOUR_S
+    out["cost_usd"] = out["gpu_hours"].to_numpy() * price
+    out["energy_mwh"] = gpus * power * u * p * wall_s / JOULES_PER_MWH
+    return out

@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -204,3 +205,14 @@ def test_compare_side_by_side(tmp_path):
     assert png.stat().st_size > 0
     r = run("perf", "compare", "--hardware", "a100-80gb", "--tokens", "1T", "--rank-by", "mfu")
     assert r.exit_code == 2 and "--rank-by" in r.output
+
+
+def test_grid_out_has_plan_columns(tmp_path):
+    out = tmp_path / "all.csv"
+    r = run("perf", "grid", *SMALL, "--tokens", "300B", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out)
+    wall = 300e9 / df["tokens_per_s"].to_numpy()
+    np.testing.assert_allclose(df["train_days"].to_numpy(), wall / 86400, rtol=1e-6)
+    energy = df["num_gpus"].to_numpy() * 400 * DEFAULT_UTILISATION * DEFAULT_PUE * wall / 3.6e9
+    np.testing.assert_allclose(df["energy_mwh"].to_numpy(), energy, rtol=1e-6)

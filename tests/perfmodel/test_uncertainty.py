@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import calibration as cal
 from aisim.app import app
 from calibration.intervals import covaried_entries, shipped_coverage
-from perfmodel import estimate, step_time
+from perfmodel import estimate, load_hardware, step_time
 from perfmodel.uncertainty import (
     ConstantsCovariance,
     covariance_from_dict,
@@ -59,8 +59,9 @@ def test_linearised_variance_matches_monte_carlo(est):
 
     def log_t(x):
         return jnp.log(
-            step_time(est.model.spec, est.hardware.spec, with_entries(c, ENTRIES, x), est.strategy)
-            .step_time_s
+            step_time(
+                est.model.spec, est.hardware.spec, with_entries(c, ENTRIES, x), est.strategy
+            ).step_time_s
         )
 
     samples = np.asarray(jax.jit(jax.vmap(log_t))(jnp.asarray(xs)), np.float64)
@@ -80,9 +81,11 @@ def test_interval_covers_monte_carlo_new_measurements(est):
     times = np.asarray(
         jax.jit(
             jax.vmap(
-                lambda x: step_time(
-                    est.model.spec, est.hardware.spec, with_entries(c, ENTRIES, x), est.strategy
-                ).step_time_s
+                lambda x: (
+                    step_time(
+                        est.model.spec, est.hardware.spec, with_entries(c, ENTRIES, x), est.strategy
+                    ).step_time_s
+                )
             )
         )(jnp.asarray(xs)),
         np.float64,
@@ -132,9 +135,7 @@ def test_fit_stores_the_covariance(profile_path):
     path, fitted = profile_path
     doc = json.loads(path.read_text())
     cov = covariance_from_dict(doc["covariance"])
-    assert cov.entries == covaried_entries(
-        cal.parse_free(None, fitted.rows[0].hardware.constants)
-    )
+    assert cov.entries == covaried_entries(cal.parse_free(None, fitted.rows[0].hardware.constants))
     assert cov.dof == doc["rows"] - len(doc["fitted"])
     # its diagonal is the standard deviations the profile always carried
     for i, name in enumerate(cov.entries):
@@ -167,3 +168,44 @@ def test_leave_one_out_coverage_on_the_shipped_sets():
     assert total == 18
     # nominal 90%: with 18 rows, anything from 13 up is within binomial chance (P(X <= 12) < 2%)
     assert inside >= 13
+
+
+def test_grid_rows_carry_intervals(profile_path):
+    path, _ = profile_path
+    r = runner.invoke(
+        app,
+        ["perf", "grid", "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256",
+         "--profile", str(path), "--tokens", "300B", "--top", "2", "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for row in doc["top"]:
+        assert row["step_time_s_lo"] < row["step_time_s"] < row["step_time_s_hi"]
+        assert row["train_days_lo"] < row["train_days"] < row["train_days_hi"]
+    # the same interval as estimate gives for that strategy
+    b = doc["best"]
+    est = estimate(
+        "gpt3-13b",
+        "a100-80gb",
+        constants=cal.load_profile_constants(
+            path, "a100-80gb", load_hardware("a100-80gb").constants
+        ),
+        num_gpus=64,
+        tp=b["tp"],
+        pp=b["pp"],
+        global_batch=256,
+        micro_batch_size=b["micro_batch_size"],
+        interleave=b["interleave"],
+        schedule=b["schedule"],
+        zero_stage=b["zero_stage"],
+        recompute=b["recompute"],
+        sequence_parallel=b["sequence_parallel"],
+    )
+    iv = prediction_intervals(
+        est.model.spec,
+        est.hardware.spec,
+        cal.load_profile_constants(path, "a100-80gb", est.hardware.constants),
+        est.strategy,
+        cal.load_profile_covariance(path),
+    )
+    assert b["step_time_s_hi"] == pytest.approx(iv["step_time_s"].hi, rel=1e-5)
