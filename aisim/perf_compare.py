@@ -10,15 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import pandas as pd
 import typer
 from rich.table import Table
 
 from aisim.common import resolve_constants
-from aisim.console import console, flag_names, guard, print_json
+from aisim.console import check_out_suffix, console, flag_names, guard, print_json
 from aisim.perf_planning import PLAN_FLAGS, PlanOptions, PriceOpt, PueOpt, UtilisationOpt, money
 from perfmodel import resolve_hardware, resolve_model, strategy_label
 from perfmodel.planning import plan_sweep
 from simbase.errors import bad_value
+from simbase.io import write_table
 from simbase.parse import split_list
 from simbase.units import format_count
 
@@ -168,10 +170,15 @@ def compare_command(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG: days, cost and energy per hardware.")
     ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write one row per hardware to .csv, .parquet or .json."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Hardware side by side: each one's best strategy, time, cost and energy to train."""
     with guard(FLAGS):
+        check_out_suffix(out)
         if plot is not None and plot.suffix.lower() != ".png":
             raise bad_value(None, "plot", str(plot), "a file name ending in .png")
         if rank_by not in ("time", "cost", "energy"):
@@ -190,9 +197,15 @@ def compare_command(
         )
         if plot is not None:
             plot_compare(doc, plot)
+        if out is not None:
+            write_table(
+                pd.DataFrame([{k: r[k] for k in (*ROW_KEYS, "strategy")} for r in doc["hardware"]]),
+                out,
+            )
         if json_out:
             print_json(doc)
             return
         print_compare(doc)
-        if plot is not None:
-            console.print(f"wrote {plot}")
+        for path in (plot, out):
+            if path is not None:
+                console.print(f"wrote {path}")

@@ -12,13 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import pandas as pd
 import typer
 from rich.table import Table
 
 from aisim.common import resolve_constants
-from aisim.console import console, flag_names, guard, print_json
+from aisim.console import check_out_suffix, console, flag_names, guard, print_json
 from perfmodel import estimate, resolve_hardware, resolve_model, strategy_label, sweep
 from perfmodel.sensitivity import capacity_answer, elasticities, plain_name
+from simbase.io import write_table
 
 # the hardware file's field paths (the other elasticities are the constants')
 HARDWARE_PREFIXES = ("peak_tflops.", "memory_bandwidth", "memory_capacity", "links.")
@@ -181,11 +183,16 @@ def sensitivity_command(
         Path | None, typer.Option("--profile", help="Calibrated profile JSON.")
     ] = None,
     cost_model: Annotated[str, typer.Option("--cost-model", help="aisim or distir.")] = "aisim",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the elasticities (quantity, elasticity) to a table."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """What limits a run: the elasticity of the step time to each hardware quantity and
     calibrated constant (jax.grad through the model), and what device memory changes."""
     with guard(FLAGS):
+        check_out_suffix(out)
         doc = sensitivity_document(
             model=model,
             model_file=model_file,
@@ -210,7 +217,12 @@ def sensitivity_command(
             profile=profile,
             cost_model=cost_model,
         )
+        if out is not None:
+            items = doc["elasticities"].items()
+            write_table(pd.DataFrame(items, columns=["quantity", "elasticity"]), out)
         if json_out:
             print_json(doc)
             return
         print_sensitivity(doc)
+        if out is not None:
+            console.print(f"wrote {out}")

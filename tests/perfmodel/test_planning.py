@@ -216,3 +216,19 @@ def test_grid_out_has_plan_columns(tmp_path):
     np.testing.assert_allclose(df["train_days"].to_numpy(), wall / 86400, rtol=1e-6)
     energy = df["num_gpus"].to_numpy() * 400 * DEFAULT_UTILISATION * DEFAULT_PUE * wall / 3.6e9
     np.testing.assert_allclose(df["energy_mwh"].to_numpy(), energy, rtol=1e-6)
+
+
+def test_compare_out_table(tmp_path):
+    out = tmp_path / "cmp.csv"
+    r = run(
+        "perf", "compare", "--hardware", "a100-80gb,cpu-host", "--model", "gpt3-125m",
+        "--gpus", "8", "--global-batch", "64", "--tokens", "1B", "--out", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out)
+    assert list(df["hardware"]) == ["a100-80gb", "cpu-host"]
+    assert np.isnan(df["energy_mwh"].iloc[1]) and df["energy_mwh"].iloc[0] > 0
+    assert "unknown" in run(
+        "perf", "compare", "--hardware", "cpu-host", "--model", "gpt3-125m", "--gpus", "8",
+        "--global-batch", "64", "--tokens", "1B",
+    ).output  # fmt: skip

@@ -142,3 +142,16 @@ def test_cli_json_keys_and_text():
     assert "this run is bound by" in r.output and "best of the grid" in r.output
     r = runner.invoke(app, [*args, "--tp", "3"])
     assert r.exit_code == 2 and "--tp" in r.output and "Traceback" not in r.output
+
+
+def test_cli_out_table(tmp_path):
+    out = tmp_path / "e.csv"
+    r = runner.invoke(
+        app,
+        ["perf", "sensitivity", "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256",
+         "--tp", "4", "--pp", "4", "--no-capacity", "--out", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert out.read_text().splitlines()[0] == "quantity,elasticity"
+    r = runner.invoke(app, ["perf", "sensitivity", "--out", str(tmp_path / "e.txt")])
+    assert r.exit_code == 2 and "--out" in r.output

@@ -209,3 +209,15 @@ def test_grid_rows_carry_intervals(profile_path):
         cal.load_profile_covariance(path),
     )
     assert b["step_time_s_hi"] == pytest.approx(iv["step_time_s"].hi, rel=1e-5)
+
+
+def test_a_profile_without_covariance_gives_no_interval(profile_path, tmp_path):
+    path, _ = profile_path
+    doc = json.loads(path.read_text())
+    del doc["covariance"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert cal.load_profile_covariance(old) is None
+    r = runner.invoke(app, ["perf", "estimate", "--profile", str(old), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "step_time_s_lo" not in json.loads(r.output)
