@@ -2,8 +2,9 @@
 
 A preset (``profiles/hardware/*.json``) gives peak FLOP/s per dtype, HBM bandwidth and capacity,
 three link tiers (intra-node, inter-node per GPU, WAN between sites) with bandwidth, latency and
-devices per tier, an optional price per device-hour, and the uncalibrated model constants
-(see :mod:`perfmodel.constants`). Human units in the file (TFLOPS, GB/s, GiB, µs) are converted to
+devices per tier, an optional price per device-hour, an optional data-sheet board power
+(``board_power_w``, for the energy to train; :mod:`perfmodel.planning`), and the uncalibrated
+model constants (see :mod:`perfmodel.constants`). Human units in the file (TFLOPS, GB/s, GiB, µs) are converted to
 SI once, here. :class:`HardwareSpec` holds only numbers (array leaves), so that it can be vmapped
 and differentiated; names and citations live in the plain :class:`Hardware` wrapper.
 """
