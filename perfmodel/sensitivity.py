@@ -34,6 +34,8 @@ from simbase import units
 # the tiers of device memory (GiB as the presets spell them) the capacity what-if moves between
 HBM_TIERS_GIB: tuple[float, ...] = tuple(float(x) for x in DEFAULTS["hbm_capacity_tiers_gib"])
 BISECTION_STEPS = 60
+# an elasticity below this moves the step time by under 0.01% per 10%: nothing binds the run
+NEGLIGIBLE = 1e-3
 # a hardware field path -> what a reader calls it (the "bound by" line)
 PLAIN_NAMES = {
     "peak_tflops": "peak {dtype} FLOP/s (compute)",
@@ -64,13 +66,14 @@ class Sensitivity:
     Attributes:
       hardware: hardware field path -> elasticity.
       constants: constant name (``field`` or ``field.tier``) -> elasticity.
-      bound_by: the hardware field path with the largest elasticity in magnitude.
+      bound_by: the hardware field path with the largest elasticity in magnitude (None when
+        none exceeds :data:`NEGLIGIBLE`).
       bound_by_text: "this run is bound by ..." (one line).
     """
 
     hardware: dict[str, float]
     constants: dict[str, float]
-    bound_by: str
+    bound_by: str | None
     bound_by_text: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +143,10 @@ def elasticities(
             consts[f.name] = _elastic(g, v)
     bound = max(out, key=lambda k: abs(out[k]))
     e = out[bound]
+    if abs(e) < NEGLIGIBLE:
+        # DistIR's cost model reads none of the hardware's numbers, for one
+        text = f"no hardware quantity moves this run's step time (cost model {cost_model})"
+        return Sensitivity(out, consts, None, text)
     text = (
         f"this run is bound by {plain_name(bound)} ({bound}): elasticity {e:+.2f}, so 10% more "
         f"changes the step time by about {100 * ((1.1) ** e - 1):+.1f}%"

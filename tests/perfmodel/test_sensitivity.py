@@ -155,3 +155,11 @@ def test_cli_out_table(tmp_path):
     assert out.read_text().splitlines()[0] == "quantity,elasticity"
     r = runner.invoke(app, ["perf", "sensitivity", "--out", str(tmp_path / "e.txt")])
     assert r.exit_code == 2 and "--out" in r.output
+
+
+def test_distir_reads_no_hardware_number():
+    est = estimate("gpt2", "a100-80gb", cost_model="distir", num_gpus=8, tp=8, pp=1,
+                   global_batch=128)  # fmt: skip
+    s = elasticities(est.model, est.hardware, est.hardware.constants, est.strategy, "distir")
+    assert s.bound_by is None and all(v == 0.0 for v in s.hardware.values())
+    assert s.bound_by_text.startswith("no hardware quantity")
