@@ -56,6 +56,7 @@ def test_notebook_is_stripped_and_has_quick_knob(path: Path):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=_ids(PATHS))
 def test_notebook_executes(path: Path):
     nb = nbformat.read(path, as_version=4)

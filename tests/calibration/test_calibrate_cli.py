@@ -16,6 +16,7 @@ SHIPPED = Path(__file__).parents[2] / "calibration" / "data"
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_fit_json_profile_is_deterministic_and_usable(tmp_path):
     meas = str(DATA / "korthikanti2022_table5_iteration_time.csv")
     p1, p2, png = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "parity.png"

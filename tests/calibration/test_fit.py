@@ -6,6 +6,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+import pytest
 
 from calibration.fit import fit
 from calibration.measurements import load_measurements, normalise_measurements
@@ -42,6 +43,7 @@ DESIGN = [
 ]
 
 
+@pytest.mark.slow
 def test_recovers_constants_from_noisy_synthetic_measurements():
     recs = [
         dict(

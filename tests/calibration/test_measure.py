@@ -22,6 +22,7 @@ TINY_GPT = ["--model", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "4"
             "16", "--vocab", "64"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_subprocess_on_four_host_devices_writes_loadable_rows(tmp_path):
     out = tmp_path / "meas.csv"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}

@@ -26,6 +26,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from aisim.app import app
@@ -47,6 +48,7 @@ def _checkerboard(df: pd.DataFrame) -> np.ndarray:
     return (parity % 2 == 0).to_numpy()
 
 
+@pytest.mark.slow
 def test_measure_fit_predict_held_out_half_on_four_host_devices(tmp_path):
     meas = tmp_path / "meas.csv"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}

@@ -89,6 +89,7 @@ def test_the_transcribed_table_is_consistent(table):
     )
 
 
+@pytest.mark.slow
 def test_fit_on_table1_beats_the_preset_held_out(fitted, table):
     batch, r = fitted
     pre = np.asarray(predicted_step_time_s(batch, A100.constants), float)

@@ -98,6 +98,7 @@ def test_measure_serde_writes_a_profile_that_sweep_reads(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_fit_json_profile_and_sweep_with_it(tmp_path):
     prof = tmp_path / "collab.json"
     doc = _json("fit", str(SEED), "--out", str(prof))

@@ -40,6 +40,7 @@ COLUMNS = [
 ]
 
 
+@pytest.mark.slow
 def test_run_writes_metrics_summary_plot_and_json(tmp_path):
     out = tmp_path / "run"
     res = runner.invoke(app, [*SMALL, "--out", str(out), "--json", "--plot"])
@@ -88,6 +89,7 @@ def test_resume_continues_to_the_same_metrics(tmp_path):
     pd.testing.assert_frame_equal(full, resumed)
 
 
+@pytest.mark.slow
 def test_divergence_exit_1_keeps_metrics(tmp_path):
     res = runner.invoke(
         app,

@@ -41,6 +41,7 @@ def _loop_round(b, state):
     return jax.tree.map(jnp.add, g, mean), plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk,clients", [(8, 40), (3, 40), (8, 200)])
 def test_vmapped_round_equals_python_loop(chunk, clients, build_factory, rechunk):
     # 200 clients for a cohort of 8 is above fl.sampling.SPARSE_SAMPLING_RATIO: deduplicated draws.
@@ -54,6 +55,7 @@ def test_vmapped_round_equals_python_loop(chunk, clients, build_factory, rechunk
     assert int(met.clients_kept) == 8
 
 
+@pytest.mark.slow
 def test_one_client_fedavg_one_epoch_is_centralised_sgd():
     rng = np.random.default_rng(0)
     n, bsz, lr = 120, 12, 0.1
@@ -94,6 +96,7 @@ def test_one_client_fedavg_one_epoch_is_centralised_sgd():
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_chunking_does_not_change_the_result(build_factory, rechunk):
     b = build_factory(stragglers=0.3)
     small = rechunk(b, 2)
@@ -157,6 +160,7 @@ def test_client_time_formula_by_hand():
     assert np.isclose(t.total_s, 0.1 + 0.85 + 3.25 + 0.016)
 
 
+@pytest.mark.slow
 def test_scaffold_controls_average_over_the_population(build_factory):
     b = build_factory(algorithm="scaffold", clients=8, clients_per_round=8)
     new, _ = b.run_round(b.init_state, b.inputs, b.hyper)
@@ -168,6 +172,7 @@ def test_scaffold_controls_average_over_the_population(build_factory):
         assert float(jnp.abs(ci).max()) > 0
 
 
+@pytest.mark.slow
 def test_dp_clips_and_reports_epsilon(build_factory, cfg_factory):
     b = build_factory(algorithm="dpfedavg", clip_norm=1e-3, noise_multiplier=0.0)
     new, _ = b.run_round(b.init_state, b.inputs, b.hyper)
@@ -178,6 +183,7 @@ def test_dp_clips_and_reports_epsilon(build_factory, cfg_factory):
     assert s["privacy"]["epsilon"] > 0 and s["privacy"]["noise_multiplier"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alg", ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold"])
 def test_every_algorithm_learns(alg, cfg_factory):
     kw = dict(server_lr=0.03) if alg in ("fedadam", "fedyogi", "fedadagrad") else {}

@@ -7,6 +7,7 @@ of the paper's 200 rounds are enough to show it.
 """
 
 import numpy as np
+import pytest
 
 from fl.centralised import train_centralised
 from fl.config import ExperimentConfig
@@ -25,6 +26,7 @@ FEDPROX = dict(
 )
 
 
+@pytest.mark.slow
 def test_fedprox_stragglers_synthetic_1_1():
     avg = simulate(ExperimentConfig(**FEDPROX, rounds=20, algorithm="fedavg", stragglers=0.9))
     prox = simulate(
@@ -46,6 +48,7 @@ def test_fedprox_mu_slows_iid():
     assert np.all(np.diff(mu1) < 0)  # still converging, only slower
 
 
+@pytest.mark.slow
 def test_digits_dirichlet_fedavg_mlp_reaches_95():
     r = simulate(
         ExperimentConfig(
@@ -68,6 +71,7 @@ def test_digits_dirichlet_fedavg_mlp_reaches_95():
     assert s["final_test_accuracy"] >= 0.94
 
 
+@pytest.mark.slow
 def test_mnist5k_2nn_iid_reaches_90_and_centralised_baseline():
     cfg = ExperimentConfig(
         dataset="mnist",
