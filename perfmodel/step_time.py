@@ -468,13 +468,3 @@ def evaluate_grid(
 def _evaluate_grid(fn, reduce, m, hw, c, grid, n, row_args):
     out = jax.vmap(fn, in_axes=(None, None, None, 0))(m, hw, c, grid)
     return out if reduce is None else reduce(out, n, *row_args)
-
-
-# The cost-model registry moved to perfmodel.cost_models (above both models, so that distir and
-# step_time do not import each other); importable from here until every caller has moved.
-def __getattr__(name: str):
-    if name in ("COST_MODELS", "select_step_fn"):
-        from perfmodel import cost_models
-
-        return getattr(cost_models, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
