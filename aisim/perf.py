@@ -19,6 +19,7 @@ from aisim.perf_planning import (
     UtilisationOpt,
     print_plan,
 )
+from aisim.perf_sensitivity import SensitivityOpt, sensitivity_fields
 from perfmodel import BREAKDOWN_TERMS, resolve_hardware, resolve_model
 from perfmodel import estimate as estimate_strategy
 from simbase import units
@@ -103,10 +104,12 @@ def estimate_one(
     profile: Path | None = None,
     cost_model: str = "aisim",
     plan: PlanOptions | None = None,
+    sensitivity: bool = False,
 ) -> dict:
     """The ``aisim perf estimate --json`` document of one strategy, from the command's options
     (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
-    :data:`FLAGS` maps to these options)."""
+    :data:`FLAGS` maps to these options; ``sensitivity`` adds the block of
+    :func:`aisim.perf_sensitivity.sensitivity_fields`)."""
     m = resolve_model(
         model,
         model_file=model_file,
@@ -119,10 +122,11 @@ def estimate_one(
         vocab_size=vocab,
     )
     hw = resolve_hardware(hardware, hardware_file)
+    consts = resolve_constants(hw, profile)
     result = estimate_strategy(
         m,
         hw,
-        constants=resolve_constants(hw, profile),
+        constants=consts,
         cost_model=cost_model,
         gpus_per_node=gpus_per_node,
         num_gpus=gpus,
@@ -142,6 +146,8 @@ def estimate_one(
     doc = result.to_dict()
     if plan is not None:
         plan.annotate(doc, result)
+    if sensitivity:
+        doc.update(sensitivity_fields(result, consts))
     return doc
 
 
@@ -217,6 +223,7 @@ def estimate(
     price_per_gpu_hour: PriceOpt = None,
     utilisation: UtilisationOpt = None,
     pue: PueOpt = None,
+    sensitivity: SensitivityOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
@@ -254,12 +261,15 @@ def estimate(
             profile=profile,
             cost_model=cost_model,
             plan=planned,
+            sensitivity=sensitivity,
         )
         if json_out:
             print_json(doc)
             return
         print_estimate(doc)
         print_plan(doc)
+        if sensitivity:
+            console.print(doc["bound_by_text"], highlight=False)
 
 
 def print_estimate(doc: dict) -> None:

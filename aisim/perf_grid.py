@@ -39,6 +39,7 @@ from aisim.perf_planning import (
     interval_line,
     plan_line,
 )
+from aisim.perf_sensitivity import SensitivityOpt, add_best_sensitivity
 from perfmodel import (
     BREAKDOWN_TERMS,
     SweepResult,
@@ -264,6 +265,8 @@ def print_sweep(doc: dict, *, wide: bool = False) -> None:
         console.print("best strategy: " + interval_line(doc["best"]), highlight=False)
     if doc["best"].get("train_days") is not None:
         console.print("best strategy " + plan_line(doc["best"]), highlight=False)
+    if doc["best"].get("bound_by_text") is not None:
+        console.print("best strategy: " + doc["best"]["bound_by_text"], highlight=False)
     console.print(_pareto_line(doc))
     if "sweep" in doc:
         print_table(points_table(doc, wide=wide), wide=wide)
@@ -428,6 +431,7 @@ def grid_command(
     price_per_gpu_hour: PriceOpt = None,
     utilisation: UtilisationOpt = None,
     pue: PueOpt = None,
+    sensitivity: SensitivityOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
@@ -487,6 +491,8 @@ def grid_command(
                 **knobs,
             )
         annotate_sweep(planned, result, cost_model)
+        if sensitivity:
+            add_best_sensitivity(result, profile)
         _report(result, out=out, plot=plot, json_out=json_out, wide=wide)
 
 

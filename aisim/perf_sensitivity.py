@@ -18,10 +18,29 @@ from rich.table import Table
 
 from aisim.common import resolve_constants
 from aisim.console import check_out_suffix, console, flag_names, guard, print_json
-from perfmodel import estimate, resolve_hardware, resolve_model, strategy_label, sweep
+from perfmodel import (
+    Constants,
+    Estimate,
+    Hardware,
+    Model,
+    estimate,
+    resolve_hardware,
+    resolve_model,
+    strategy_label,
+    sweep,
+)
 from perfmodel.sensitivity import capacity_answer, elasticities, plain_name
+from perfmodel.sweep import SweepResult
 from simbase.io import write_table
 
+SensitivityOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sensitivity",
+        help="Add the elasticities of the step time and the bound-by line (as `aisim perf "
+        "sensitivity`; for the grid, of its best strategy).",
+    ),
+]
 # the hardware file's field paths (the other elasticities are the constants')
 HARDWARE_PREFIXES = ("peak_tflops.", "memory_bandwidth", "memory_capacity", "links.")
 FLAGS = flag_names(num_gpus="--gpus", micro_batch_size="--micro-batch", zero_stage="--zero")
@@ -41,6 +60,39 @@ ROW_KNOBS = {
     "dp_overlap": "dp_overlap",
     "fused_attention": "fused_attention",
 }
+
+
+def sensitivity_fields(est: Estimate, constants: Constants) -> dict[str, Any]:
+    """The sensitivity block of one strategy's document: ``elasticities`` (keyed by the
+    hardware file's field paths and the constants' names), ``bound_by`` and ``bound_by_text``
+    (what ``--sensitivity`` adds to ``aisim perf estimate --json`` and the grid's best)."""
+    return elasticities(est.model, est.hardware, constants, est.strategy, est.cost_model).to_dict()
+
+
+def row_estimate(row: dict[str, Any], m: Model, hw: Hardware, constants: Constants) -> Estimate:
+    """A grid row (a strategy dict of :func:`perfmodel.sweep`) evaluated again as one
+    :class:`Estimate` (its knobs, GPUs per node and cost model)."""
+    return estimate(
+        m,
+        hw,
+        constants=constants,
+        cost_model=row["cost_model"],
+        gpus_per_node=row.get("gpus_per_node"),
+        **{ROW_KNOBS[k]: row[k] for k in ROW_KNOBS},
+    )
+
+
+def add_best_sensitivity(result: SweepResult, profile: Path | None) -> None:
+    """Adds :func:`sensitivity_fields` to a sweep's best strategy (``aisim perf grid
+    --sensitivity``), evaluated with the constants the sweep used (``profile``'s, if any)."""
+    best = result.best
+    pair = next(
+        p
+        for p in result.searches
+        if (p.model.name, p.hardware.name) == (best["model"], best["hardware"])
+    )
+    consts = resolve_constants(pair.hardware, profile)
+    best.update(sensitivity_fields(row_estimate(best, pair.model, pair.hardware, consts), consts))
 
 
 def sensitivity_document(
@@ -75,14 +127,14 @@ def sensitivity_document(
             top=1,
             **common,
         ).best
-        chosen = {ROW_KNOBS[k]: row[k] for k in ROW_KNOBS}
+        est = row_estimate(row, m, hw, consts)
     else:
         chosen = {"num_gpus": gpus, "global_batch": global_batch, **(knobs or {})}
-    est = estimate(m, hw, constants=consts, **common, **chosen)
+        est = estimate(m, hw, constants=consts, **common, **chosen)
     doc = est.to_dict()
     doc["strategy"] = strategy_label(doc, short=False)
     doc["searched"] = best
-    doc.update(elasticities(m, hw, consts, est.strategy, cost_model).to_dict())
+    doc.update(sensitivity_fields(est, consts))
     if capacity:
         answer = capacity_answer(
             est,

@@ -163,3 +163,35 @@ def test_distir_reads_no_hardware_number():
     s = elasticities(est.model, est.hardware, est.hardware.constants, est.strategy, "distir")
     assert s.bound_by is None and all(v == 0.0 for v in s.hardware.values())
     assert s.bound_by_text.startswith("no hardware quantity")
+
+
+def _json(args):
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_estimate_sensitivity_block_equals_the_sensitivity_command():
+    knobs = ("--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256", "--tp", "4",
+             "--pp", "4", "--recompute", "full")  # fmt: skip
+    plain = _json(["perf", "estimate", *knobs])
+    assert "elasticities" not in plain and "bound_by" not in plain  # opt-in
+    doc = _json(["perf", "estimate", *knobs, "--sensitivity"])
+    ref = _json(["perf", "sensitivity", *knobs, "--no-capacity"])
+    assert doc["elasticities"] == pytest.approx(ref["elasticities"], rel=1e-6, abs=1e-9)
+    assert doc["bound_by"] == ref["bound_by"] and doc["bound_by_text"] == ref["bound_by_text"]
+    assert doc["step_time_s"] == pytest.approx(ref["step_time_s"])
+    r = runner.invoke(app, ["perf", "estimate", *knobs, "--sensitivity"])
+    assert r.exit_code == 0 and ref["bound_by_text"] in r.output.replace("\n", " ")
+
+
+def test_grid_best_sensitivity_equals_the_sensitivity_command_best():
+    args = ("--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256")
+    assert "elasticities" not in _json(["perf", "grid", *args])["best"]
+    best = _json(["perf", "grid", *args, "--sensitivity"])["best"]
+    ref = _json(["perf", "sensitivity", *args, "--best", "--no-capacity"])
+    assert best["step_time_s"] == pytest.approx(ref["step_time_s"])
+    assert best["elasticities"] == pytest.approx(ref["elasticities"], rel=1e-6, abs=1e-9)
+    assert best["bound_by"] == ref["bound_by"] and best["bound_by_text"] == ref["bound_by_text"]
+    r = runner.invoke(app, ["perf", "grid", *args, "--sensitivity"])
+    assert r.exit_code == 0 and "best strategy: this run is bound by" in r.output
