@@ -1,4 +1,4 @@
-"""`aisim calibrate`: fit constants to measurements, predict configurations, import Colossal-AI logs."""
+"""`aisim calibrate`: fit constants to measurements, predict configurations, import training logs."""
 
 from __future__ import annotations
 
@@ -204,8 +204,10 @@ def predict_command(
 
 
 try:
-    from aisim.calibrate_import import import_colossal_command
-except ImportError:  # the importer ships in its own module; the rest of the CLI works without it
-    import_colossal_command = None
+    from aisim.calibrate_import import import_colossal_command, import_command
+except ImportError:  # the importers ship in their own module; the rest of the CLI works without
+    import_colossal_command = import_command = None
+if import_command is not None:
+    app.command("import")(import_command)
 if import_colossal_command is not None:
     app.command("import-colossal")(import_colossal_command)

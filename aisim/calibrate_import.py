@@ -1,19 +1,46 @@
-"""`aisim calibrate import-colossal LOG...`: Colossal-AI benchmark logs -> measurement rows.
+"""`aisim calibrate import LOG...` and `aisim calibrate import-colossal LOG...`: training logs ->
+measurement rows.
 
-Register with ``app.command("import-colossal")(import_colossal_command)``. The parsing lives in
-:func:`calibration.import_logs`; this module only maps options to overrides and prints or writes.
-An override a log needs (its world size, its batch size) is named by its flag in the error.
+Register with ``app.command("import")(import_command)`` and
+``app.command("import-colossal")(import_colossal_command)``. ``import`` reads Megatron-LM,
+torchtitan, DeepSpeed and every Colossal-AI generation (:func:`calibration.logs.import_logs`);
+``import-colossal`` keeps its own options (``-b`` per data-parallel rank, ``--plugin``,
+``--nnodes``, ``--skip-bad-rows``) over :func:`calibration.import_logs`. The parsing lives in the
+library; this module only maps options to overrides and prints or writes. A value a log lacks
+(its world size, its model) is named with the option that supplies it in the error.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
+from rich import box
+from rich.markup import escape
 
-from aisim.console import check_out_suffix, console, guard, print_json, rich_table
+from aisim.console import (
+    check_out_suffix,
+    console,
+    fitted_table,
+    guard,
+    print_json,
+    print_table,
+    rich_table,
+)
 from simbase.io import write_table
+
+# measurement column -> header of the printed table, in order
+SHOWN_LOGS = {"source": "log", "format": "format", "model": "model", "hardware": "hardware",
+              "num_gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp",
+              "global_batch_size": "batch", "seq_len": "seq", "step_time_s": "step_s",
+              "step_time_std_s": "std_s", "iterations_averaged": "steps",
+              "tflops_per_gpu": "tflops"}  # fmt: skip
+# headers dropped first when the table is wider than the console
+DROP_LOGS = ("tflops", "hardware", "std_s", "seq", "format")
+TEXT_LOGS = ("log", "format", "model", "hardware")
 
 SHOWN = ("source_file", "source_row", "model", "hardware", "plugin", "num_gpus", "dp", "tp", "pp",
          "zero_stage", "global_batch_size", "seq_len", "throughput_samples_per_s",
@@ -80,3 +107,115 @@ def import_colossal_command(
             console.print(f"[yellow]skipped:[/yellow] {message}", highlight=False)
         if out is not None:
             console.print(f"wrote {len(df)} rows to {out}")
+
+
+def import_command(
+    logs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Training logs (Megatron-LM, torchtitan, DeepSpeed, Colossal-AI). A .toml file "
+            "is a torchtitan job config for the torchtitan logs given with it."
+        ),
+    ],
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="auto (detect per file), megatron, colossal, torchtitan or deepspeed.",
+        ),
+    ] = "auto",
+    skip_iterations: Annotated[
+        int | None,
+        typer.Option(
+            "--skip-iterations",
+            min=0,
+            help="Warm-up steps left out after each start of a run. Default: the first 10% of "
+            "its timing lines, at least one (Colossal-AI: the script's ignore_steps).",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model preset name (wins over the log).")
+    ] = None,
+    hardware: Annotated[str | None, typer.Option(help="Hardware preset name.")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="World size (devices in all).")] = None,
+    tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Pipeline-parallel degree.")] = None,
+    dp: Annotated[int | None, typer.Option(help="Data-parallel degree.")] = None,
+    cp: Annotated[
+        int | None, typer.Option(help="Context-parallel degree (Megatron, torchtitan).")
+    ] = None,
+    ep: Annotated[int | None, typer.Option(help="Expert-parallel degree (MoE).")] = None,
+    global_batch_size: Annotated[
+        int | None, typer.Option(help="Samples per optimiser step, all ranks together.")
+    ] = None,
+    micro_batch_size: Annotated[int | None, typer.Option(help="Samples per microbatch.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length in tokens.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = None,
+    recompute: Annotated[str | None, typer.Option(help="none, selective or full.")] = None,
+    zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage (0-3).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the rows to .csv, .parquet or .json.")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show every column, wider than the terminal if need be.")
+    ] = False,
+) -> None:
+    """Turns training logs into measurement rows (the calibration CSV schema), with where each
+    value came from (a log line or an option) in a provenance column. The format is detected per
+    file unless --format names it; --format colossal reads every Colossal-AI generation."""
+    from calibration.logs import import_logs
+
+    with guard():
+        check_out_suffix(out)
+        overrides = dict(
+            model=model, hardware=hardware, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, cp=cp,
+            ep=ep, global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
+            seq_len=seq_len, dtype=dtype, recompute=recompute, zero_stage=zero_stage,
+        )  # fmt: skip
+        df = import_logs(logs, format=format, overrides=overrides, skip_iterations=skip_iterations)
+        if out is not None:
+            write_table(df, out)
+        if json_:
+            print_json({"rows": df.to_dict(orient="records"), "out": str(out) if out else None})
+            return
+        print_table(
+            _logs_table(df, title=f"{len(df)} runs from {len(logs)} logs", wide=wide), wide=wide
+        )
+        if out is not None:
+            console.print(f"wrote {len(df)} rows to {out}")
+
+
+def _logs_table(df: pd.DataFrame, *, title: str, wide: bool):
+    """The imported rows for people: a few columns, short headers, fitted to the console."""
+    cols = [c for c in SHOWN_LOGS if c in df.columns]
+    rows = []
+    for rec in df[cols].to_dict(orient="records"):
+        cells = []
+        for c in cols:
+            v = rec[c]
+            if c == "source":
+                cells.append(escape(_short_source(v)))
+            elif v is None or (isinstance(v, float) and math.isnan(v)):
+                cells.append("")
+            elif isinstance(v, float):
+                cells.append(f"{v:.4g}" if not v.is_integer() or c.startswith("step") else f"{v:g}")
+            else:
+                cells.append(escape(str(v)))
+        rows.append(cells)
+    headers = [SHOWN_LOGS[c] for c in cols]
+    return fitted_table(
+        headers,
+        rows,
+        drop=[h for h in DROP_LOGS if h in headers],
+        left=[h for h in TEXT_LOGS if h in headers],
+        wide=wide,
+        title=title,
+        box=box.SIMPLE_HEAD,
+    )
+
+
+def _short_source(source: str) -> str:
+    """``dir/run.log:L3-L90`` -> ``run.log:L3-L90``."""
+    path, sep, lines = str(source).rpartition(":")
+    return f"{Path(path).name}:{lines}" if sep else Path(source).name
