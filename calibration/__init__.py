@@ -19,8 +19,9 @@ Public API:
 - **Checking the intervals**: :func:`loo_coverage` -> :class:`Coverage` (fit without each row,
   predict it with its interval), :func:`shipped_coverage` (on the shipped measurement sets).
 - **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
-  logs); :func:`measure_many`, :func:`measure_one`, :class:`Shape`, :class:`Config`,
-  :func:`check_config`, :func:`hardware_for_devices` and :func:`shape_columns` (time real flax
+  logs); :func:`import_training_logs` (Megatron-LM, torchtitan, DeepSpeed and every Colossal-AI
+  generation, with provenance: :func:`calibration.logs.import_logs`); :func:`measure_many`,
+  :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`, :func:`hardware_for_devices` and :func:`shape_columns` (time real flax
   training steps here; imported on first use, as they load flax).
 - **Collaborative training**: :class:`CollabFit`, :func:`fit_collab`, :func:`load_collab_table`.
 """
@@ -28,6 +29,7 @@ Public API:
 from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
 from calibration.colossal import import_logs, parse_log
 from calibration.fit import FitResult, fit
+from calibration.logs import import_logs as import_training_logs
 from calibration.measurements import (
     InvalidRows,
     data_path,
@@ -109,6 +111,7 @@ __all__ = [
     "fit_measurements",
     "hardware_for_devices",
     "import_logs",
+    "import_training_logs",
     "load_collab_table",
     "load_measurements",
     "load_profile_constants",
