@@ -21,8 +21,9 @@ Public API:
 - **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
   logs); :func:`import_training_logs` (Megatron-LM, torchtitan, DeepSpeed and every Colossal-AI
   generation, with provenance: :func:`calibration.logs.import_logs`); :func:`measure_many`,
-  :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`, :func:`hardware_for_devices` and :func:`shape_columns` (time real flax
-  training steps here; imported on first use, as they load flax).
+  :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`,
+  :func:`hardware_for_devices` and :func:`shape_columns` (time real flax training steps here;
+  imported on first use, as they load flax).
 - **Collaborative training**: :class:`CollabFit`, :func:`fit_collab`, :func:`load_collab_table`.
 """
 
