@@ -162,7 +162,11 @@ def predict_command(
     ],
     profile: Annotated[
         Path | None,
-        typer.Option("--profile", help="Calibrated profile JSON from `aisim calibrate fit --out`."),
+        typer.Option(
+            "--profile",
+            help="Calibrated profile JSON from `aisim calibrate fit --out` (with its "
+            "covariance, rows get step_time_s_lo/_hi: the 90% prediction interval).",
+        ),
     ] = None,
     hardware: HardwareOpt = None,
     model: ModelOpt = None,
@@ -196,7 +200,7 @@ def predict_command(
         show = [
             c
             for c in table.columns
-            if c.startswith(("predicted_", "chosen_"))
+            if c.startswith(("predicted_", "chosen_", "step_time_s_"))
             or c
             in ("model", "global_batch_size", "batch_size", "num_gpus", "world_size", "error_pct")
         ]

@@ -20,7 +20,7 @@ from calibration import report
 from calibration.fit import FitResult, fit
 from calibration.parameterization import parse_free
 from calibration.predict import predict_table
-from calibration.profile import load_profile_constants
+from calibration.profile import load_profile_constants, load_profile_covariance
 from calibration.rows import RowConfig, build_batch, measured_step_times, resolve_rows
 from perfmodel.constants import Constants
 from perfmodel.hardware import load_hardware
@@ -188,11 +188,14 @@ def predict_measurements(
       raw: the file as read (:func:`calibration.read_csv_cells`), whose columns lead the output.
 
     Returns:
-      The table of :func:`calibration.predict.predict_table`.
+      The table of :func:`calibration.predict.predict_table`; with a profile that carries a
+      covariance, rows also have the step time's 90% interval (``step_time_s_lo``,
+      ``step_time_s_hi``).
 
     Raises:
       AisimError: an unknown preset, a profile for other hardware, or a row with no valid
         strategy.
     """
     rows = resolve_rows(df, hardware)
-    return predict_table(df, rows, row_constants(rows, profile), raw=raw)
+    cov = None if profile is None else load_profile_covariance(profile)
+    return predict_table(df, rows, row_constants(rows, profile), raw=raw, cov=cov)

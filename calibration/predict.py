@@ -1,7 +1,8 @@
 """Predict each configuration row; search the knobs a row leaves blank with the grid engine.
 
 Contract: :func:`predict_table` takes a normalised configuration table and constants (a preset's
-or a calibrated profile's), and returns one row per input row with ``predicted_step_time_s``,
+or a calibrated profile's), and returns one row per input row with ``predicted_step_time_s``
+(and, given a profile's covariance, its 90% interval ``step_time_s_lo``/``step_time_s_hi``),
 ``predicted_throughput_samples_per_s`` and ``predicted_tflops_per_gpu`` (model FLOPs,
 6·N·tokens, per GPU: Colossal-AI's convention), ``predicted_feasible`` (fits memory and divides
 evenly), and, where the row measured a value, ``error_pct`` = 100·(predicted/measured − 1) of the
@@ -27,6 +28,7 @@ from perfmodel.choices import Recompute, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.step_time import evaluate_grid
 from perfmodel.strategy import Strategy
+from perfmodel.uncertainty import ConstantsCovariance, prediction_intervals
 from simbase.errors import AisimError
 
 MAX_MICRO_BATCH = 64
@@ -106,8 +108,15 @@ def _pad(strategies: list[Strategy]) -> tuple[Strategy, int]:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *padded), n
 
 
-def predict_rows(rows: list[RowConfig], consts: dict[str, Constants]) -> pd.DataFrame:
-    """Predictions of each row under ``consts[hardware name]`` (see the module docstring)."""
+def predict_rows(
+    rows: list[RowConfig],
+    consts: dict[str, Constants],
+    cov: ConstantsCovariance | None = None,
+) -> pd.DataFrame:
+    """Predictions of each row under ``consts[hardware name]`` (see the module docstring); with
+    ``cov`` (a profile's covariance), also the 90% prediction interval of the step time,
+    ``step_time_s_lo`` and ``step_time_s_hi``
+    (:func:`perfmodel.uncertainty.prediction_intervals` of the chosen strategy)."""
     records = []
     for rc in rows:
         combos, strategies = row_grid(rc)
@@ -127,6 +136,11 @@ def predict_rows(rows: list[RowConfig], consts: dict[str, Constants]) -> pd.Data
             "predicted_feasible": bool(feasible[best]),
             "candidates_searched": n if combos[0] else 0,
         }
+        if cov is not None:
+            m, hw, c = rc.model.spec, rc.hardware.spec, consts[rc.hardware.name]
+            iv = prediction_intervals(m, hw, c, strategies[best], cov).get("step_time_s")
+            if iv is not None:
+                rec["step_time_s_lo"], rec["step_time_s_hi"] = iv.lo, iv.hi
         for knob, value in combos[best].items():
             rec[f"chosen_{knob}"] = value
         records.append(rec)
@@ -138,9 +152,11 @@ def predict_table(
     rows: list[RowConfig],
     consts: dict[str, Constants],
     raw: pd.DataFrame | None = None,
+    cov: ConstantsCovariance | None = None,
 ) -> pd.DataFrame:
-    """Input columns (``raw``, the file as read, or ``df``) followed by the prediction columns."""
-    pred = predict_rows(rows, consts)
+    """Input columns (``raw``, the file as read, or ``df``) followed by the prediction columns
+    (with ``cov``, the step time's interval: :func:`predict_rows`)."""
+    pred = predict_rows(rows, consts, cov)
     if raw is not None and "source_row" in df:
         base = raw.iloc[df["source_row"].astype(int).to_numpy() - 1].reset_index(drop=True)
     else:

@@ -221,3 +221,30 @@ def test_a_profile_without_covariance_gives_no_interval(profile_path, tmp_path):
     r = runner.invoke(app, ["perf", "estimate", "--profile", str(old), "--json"])
     assert r.exit_code == 0, r.output
     assert "step_time_s_lo" not in json.loads(r.output)
+
+
+def test_calibrate_predict_rows_carry_the_step_time_interval(profile_path):
+    path, _ = profile_path
+    table = cal.data_path("korthikanti2022_table5_iteration_time.csv")
+    r = runner.invoke(app, ["calibrate", "predict", str(table), "--profile", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["predictions"]
+    assert len(rows) == 8
+    for row in rows:
+        assert row["step_time_s_lo"] < row["predicted_step_time_s"] < row["step_time_s_hi"]
+    # the interval is perfmodel.uncertainty's of the row's strategy under the profile
+    df = cal.load_measurements(table)
+    rc = cal.resolve_rows(df, None)[0]
+    consts = cal.load_profile_constants(path, rc.hardware.name, rc.hardware.constants)
+    iv = prediction_intervals(
+        rc.model.spec,
+        rc.hardware.spec,
+        consts,
+        cal.row_strategy(rc),
+        cal.load_profile_covariance(path),
+    )["step_time_s"]
+    assert rows[0]["step_time_s_lo"] == pytest.approx(iv.lo, rel=1e-5)
+    assert rows[0]["step_time_s_hi"] == pytest.approx(iv.hi, rel=1e-5)
+    # no profile (or one without a covariance): no interval columns
+    r = runner.invoke(app, ["calibrate", "predict", str(table), "--json"])
+    assert r.exit_code == 0 and "step_time_s_lo" not in json.loads(r.output)["predictions"][0]
