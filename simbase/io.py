@@ -23,18 +23,23 @@ from simbase.errors import AisimError
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
 
+def _a(what: str) -> str:
+    """``what`` with its indefinite article: "an experiment file", "a CSV file"."""
+    return f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """A text file's contents, or one :class:`AisimError` line for a missing, unreadable or
     non-text file (a directory, a FIFO, an I/O error)."""
     path = Path(path)
     try:
         if path.exists() and not path.is_file():
-            raise AisimError(f"{path}: not a regular file (expected a {what})")
+            raise AisimError(f"{path}: not a regular file (expected {_a(what)})")
         return path.read_text()
     except FileNotFoundError:
         raise AisimError(f"{path}: {what} not found") from None
     except UnicodeDecodeError:
-        raise AisimError(f"{path}: not a text file (expected a {what})") from None
+        raise AisimError(f"{path}: not a text file (expected {_a(what)})") from None
     except OSError as e:
         raise AisimError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 

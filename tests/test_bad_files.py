@@ -84,3 +84,15 @@ def test_library_loaders_raise_aisim_error(bad_files, kind, loader):
     with pytest.raises(AisimError) as e:
         LOADERS[loader](bad_files[kind])
     assert str(bad_files[kind]) in str(e.value)
+
+
+def test_the_message_names_what_was_expected_with_its_article(bad_files):
+    from simbase.io import read_text
+
+    for what, text in (("experiment file", "an experiment file"), ("CSV file", "a CSV file")):
+        with pytest.raises(AisimError) as e:
+            read_text(bad_files["directory"], what)
+        assert str(e.value).endswith(f"not a regular file (expected {text})")
+    r = runner.invoke(app, ["fl", "run", "--config", str(bad_files["directory"]), "--rounds", "1"])
+    _one_error_line(r)
+    assert "(expected an experiment file)" in r.output
