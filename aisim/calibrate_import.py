@@ -180,10 +180,13 @@ def import_command(
             print_json({"rows": df.to_dict(orient="records"), "out": str(out) if out else None})
             return
         print_table(
-            _logs_table(df, title=f"{len(df)} runs from {len(logs)} logs", wide=wide), wide=wide
+            _logs_table(
+                df, title=f"{_count(len(df), 'run')} from {_count(len(logs), 'log')}", wide=wide
+            ),
+            wide=wide,
         )
         if out is not None:
-            console.print(f"wrote {len(df)} rows to {out}")
+            console.print(f"wrote {_count(len(df), 'row')} to {out}")
 
 
 def _logs_table(df: pd.DataFrame, *, title: str, wide: bool):
@@ -213,6 +216,10 @@ def _logs_table(df: pd.DataFrame, *, title: str, wide: bool):
         title=title,
         box=box.SIMPLE_HEAD,
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _short_source(source: str) -> str:
