@@ -22,7 +22,8 @@ import pandas as pd
 
 from perfmodel.choices import Schedule
 from perfmodel.hardware import Hardware, HardwareSpec, load_hardware
-from perfmodel.strategy import Strategy, strategy_from_knobs
+from perfmodel.knobs import strategy_from_knobs
+from perfmodel.strategy import Strategy
 from perfmodel.workload import Model, ModelSpec, load_model, model_from_dict, with_overrides
 from simbase.errors import AisimError, bad_value
 

@@ -247,7 +247,7 @@ def estimate(
     """The step time, throughput, MFU and memory of one strategy.
 
     Either pass a built ``strategy`` (:func:`perfmodel.strategy.make_strategy`), or the knobs of
-    :func:`~perfmodel.strategy.strategy_from_knobs`, which are validated (``num_gpus``, ``tp``,
+    :func:`~perfmodel.knobs.strategy_from_knobs`, which are validated (``num_gpus``, ``tp``,
     ``pp``, ``dp``, ``global_batch``, ``micro_batch_size``, ``num_microbatches``, ``schedule``,
     ``interleave``, ``zero_stage``, ``recompute``, ``sequence_parallel``, ``dtype``,
     ``dp_overlap``, ``fused_attention``; dp = num_gpus / (tp·pp) when omitted; ``num_gpus``

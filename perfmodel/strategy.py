@@ -169,22 +169,3 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "dp_overlap": bool(v["dp_overlap"]),
         "fused_attention": bool(v["fused_attention"]),
     }
-
-
-# Moved in the restructure; importable from here until every caller uses the new homes
-# (calibration/rows.py and tests/calibration/test_narayanan2021.py still import from here).
-_MOVED = {
-    "strategy_from_knobs": "perfmodel.knobs",
-    "StrategyGrid": "perfmodel.grid",
-    "enumerate_strategies": "perfmodel.grid",
-    "concat_grids": "perfmodel.grid",
-    "divisors": "perfmodel.grid",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@ one jit and reduced on the device, merged into one ranking.
 
 Contract: :func:`sweep` takes model and hardware presets (or loaded objects), the GPU counts and
 global batches to sweep, and optional restrictions of each knob; it enumerates each pair's grid
-(:func:`perfmodel.strategy.enumerate_strategies`, or DistIR's own grid), runs
+(:func:`perfmodel.grid.enumerate_strategies`, or DistIR's own grid), runs
 :func:`perfmodel.search.search` on it (all GPU counts and batches of a pair in one evaluation),
 and returns a :class:`SweepResult` with named fields: the best strategies, the Pareto front of
 throughput against memory, the best strategy of each sweep point, the cheapest hardware per

@@ -16,9 +16,15 @@ from calibration.measurements import data_path, load_measurements
 from calibration.objective import predicted_step_time_s
 from calibration.parameterization import parse_free
 from calibration.rows import build_batch, resolve_rows
-from perfmodel import gpt_training_flops, load_hardware, load_model, make_strategy, step_time
+from perfmodel import (
+    enumerate_strategies,
+    gpt_training_flops,
+    load_hardware,
+    load_model,
+    make_strategy,
+    step_time,
+)
 from perfmodel import search as srch
-from perfmodel.strategy import enumerate_strategies
 
 FILE = data_path("narayanan2021_table1_weak_scaling.csv")
 A100 = load_hardware("a100-80gb")
