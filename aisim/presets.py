@@ -13,7 +13,7 @@ from simbase.errors import AisimError
 
 
 def hardware_rows() -> list[dict]:
-    """One dict per hardware preset (human units)."""
+    """One dict per hardware preset (human units; ``board_power_w`` None when unknown)."""
     rows = []
     for name in hardware_names():
         hw = load_hardware(name)
@@ -32,6 +32,7 @@ def hardware_rows() -> list[dict]:
             price_per_device_hour_usd=None
             if float(s.price_per_device_hour_usd) != float(s.price_per_device_hour_usd)
             else float(s.price_per_device_hour_usd),
+            board_power_w=hw.board_power_w,
         )
         rows.append(row)
     return rows
@@ -69,14 +70,17 @@ HARDWARE_HEADERS = (
     "NVLink GB/s",
     "IB GB/s/GPU",
     "$/h",
+    "board W",
 )
-HARDWARE_DROP = ("$/h", "IB GB/s/GPU", "NVLink GB/s", "HBM GB/s", "fp8 TFLOP/s")
+# the least important first: board power only matters for the energy to train (--tokens)
+HARDWARE_DROP = ("board W", "$/h", "IB GB/s/GPU", "NVLink GB/s", "HBM GB/s", "fp8 TFLOP/s")
 MODEL_HEADERS = ("name", "kind", "params", "layers", "hidden", "heads", "kv", "seq", "vocab")
 MODEL_DROP = ("kv", "vocab", "kind", "seq", "heads")
 
 
 def hardware_table(rows: list[dict], *, wide: bool = False):
-    """The hardware presets for people (peak bf16, or fp16 where there is no bf16)."""
+    """The hardware presets for people (peak bf16, or fp16 where there is no bf16; board W: the
+    data sheet's maximum board power per device, "-" when unknown)."""
     cells = [
         [
             r["name"],
@@ -87,6 +91,7 @@ def hardware_table(rows: list[dict], *, wide: bool = False):
             _f(r["intra_node_gb_per_s"]),
             _f(r["inter_node_gb_per_s"]),
             _f(r["price_per_device_hour_usd"]),
+            _f(r["board_power_w"]),
         ]
         for r in rows
     ]

@@ -232,3 +232,20 @@ def test_compare_out_table(tmp_path):
         "perf", "compare", "--hardware", "cpu-host", "--model", "gpt3-125m", "--gpus", "8",
         "--global-batch", "64", "--tokens", "1B",
     ).output  # fmt: skip
+
+
+def test_presets_show_the_board_power():
+    r = runner.invoke(app, ["presets", "hardware", "--json"])
+    assert r.exit_code == 0, r.output
+    power = {h["name"]: h["board_power_w"] for h in json.loads(r.output)["hardware"]}
+    assert power == {n: load_hardware(n).board_power_w for n in hardware_names()}
+    assert power["b200"] == 1000.0 and power["cpu-host"] is None
+    wide = runner.invoke(app, ["presets", "hardware", "--wide"], env={"COLUMNS": "80"}).stdout
+    b200 = next(line for line in wide.splitlines() if "b200" in line)
+    assert "board W" in wide and b200.split("│")[-2].strip() == "1000"
+    for columns in (60, 80, 100):
+        out = runner.invoke(app, ["presets", "hardware"], env={"COLUMNS": str(columns)}).stdout
+        assert max(len(line) for line in out.splitlines()) <= columns, out
+        assert "hidden: board W" in out  # the first column hidden when narrow
+    out = runner.invoke(app, ["presets", "hardware"], env={"COLUMNS": "120"}).stdout
+    assert "board W" in out and "hidden:" not in out
