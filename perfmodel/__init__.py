@@ -27,10 +27,13 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
   ``time``, ``cost`` or ``energy``), :func:`elasticities` -> :class:`Sensitivity`,
   :func:`capacity_answer` -> :class:`CapacityAnswer`, :func:`prediction_intervals` from a
   profile's :class:`ConstantsCovariance`.
+- **Cross-site collaboration**: the module :mod:`perfmodel.collab` (scenarios, the jittable
+  round model and its sweep).
 - **Collectives** (alpha-beta times in seconds): :func:`all_reduce_s`, :func:`all_gather_s`,
   :func:`reduce_scatter_s`, :func:`all_to_all_s`, :func:`p2p_s`.
 """
 
+from perfmodel import collab
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
@@ -77,6 +80,7 @@ from perfmodel.workload import (
 from simbase.errors import AisimError
 
 __all__ = [
+    "collab",
     "AisimError",
     "BREAKDOWN_TERMS",
     "COST_MODELS",
