@@ -222,25 +222,6 @@ def interval_fields(intervals: dict[str, Interval]) -> dict[str, Any]:
     return doc
 
 
-# the knobs of a result row (perfmodel.report.row_to_result) that rebuild its strategy
-ROW_KNOBS = (
-    "dp",
-    "tp",
-    "pp",
-    "micro_batch_size",
-    "num_microbatches",
-    "interleave",
-    "schedule",
-    "zero_stage",
-    "recompute",
-    "sequence_parallel",
-    "dtype",
-    "dp_overlap",
-    "fused_attention",
-    "gpus_per_node",
-)
-
-
 def row_intervals(
     m,
     hw,
@@ -252,8 +233,8 @@ def row_intervals(
     step_fn=step_time,
 ) -> dict[str, Interval]:
     """:func:`prediction_intervals` of the strategy of one result row (a grid's ``top`` entry:
-    its knobs by name, :data:`ROW_KNOBS`)."""
-    from perfmodel.strategy import make_strategy
+    its knobs by name, :data:`~perfmodel.strategy.KNOBS`)."""
+    from perfmodel.strategy import KNOBS, make_strategy
 
-    s = make_strategy(**{k: row[k] for k in ROW_KNOBS})
+    s = make_strategy(**{k: row[k] for k in KNOBS})
     return prediction_intervals(m, hw, c, s, cov, level=level, step_fn=step_fn)
