@@ -160,13 +160,28 @@ def _cost(v: float | None) -> str:
 TERM_HEADERS = {
     "compute_s": "compute",
     "tp_comm_s": "tp",
+    "cp_comm_s": "cp",
+    "ep_comm_s": "ep",
     "dp_comm_exposed_s": "dp",
     "pp_p2p_s": "p2p",
     "bubble_s": "bubble",
     "optimizer_s": "optim",
     "overhead_s": "overhead",
 }
-TOP_DROP = ("overhead", "optim", "p2p", "$/Mtok", "dp", "tp", "bubble", "GiB", "compute", "#")
+TOP_DROP = (
+    "cp",
+    "ep",
+    "overhead",
+    "optim",
+    "p2p",
+    "$/Mtok",
+    "dp",
+    "tp",
+    "bubble",
+    "GiB",
+    "compute",
+    "#",
+)
 POINTS_DROP = ("$/Mtok", "MFU")
 # the coordinates of a sweep point, and their headers
 POINT_HEADERS = {

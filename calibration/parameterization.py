@@ -40,6 +40,9 @@ FIELDS: dict[str, tuple[str, float]] = {
     "dp_overlap_fraction": ("sigmoid", 1.0),
     "microbatch_overhead_s": ("softplus", 1e-3),
     "optimizer_time_factor": ("softplus", 1.0),
+    "fp8_matmul_efficiency_ratio": ("sigmoid", 1.0),
+    "attention_efficiency_ratio": ("sigmoid", 1.0),
+    "tp_overlap_fraction": ("sigmoid", 1.0),
 }
 PER_TIER = ("link_bandwidth_efficiency", "link_latency_s")
 # shorthand -> the sigmoid entries whose logits one shared shift moves

@@ -18,6 +18,8 @@ from perfmodel.memory import MemoryBreakdown
 BREAKDOWN_TERMS = (
     "compute_s",
     "tp_comm_s",
+    "cp_comm_s",
+    "ep_comm_s",
     "dp_comm_exposed_s",
     "pp_p2p_s",
     "bubble_s",
@@ -38,6 +40,8 @@ class StepBreakdown:
 
     compute_s: Float[Array, "*n"]
     tp_comm_s: Float[Array, "*n"]
+    cp_comm_s: Float[Array, "*n"]  # context-parallel K/V exchange left exposed
+    ep_comm_s: Float[Array, "*n"]  # MoE token dispatch and combine left exposed
     dp_comm_exposed_s: Float[Array, "*n"]
     pp_p2p_s: Float[Array, "*n"]
     bubble_s: Float[Array, "*n"]

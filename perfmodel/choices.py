@@ -92,6 +92,20 @@ class Dtype(Choice):
     FP8 = 4
 
 
+class MoeDispatch(Choice):
+    """How routed tokens reach their experts (Megatron-Core's token dispatchers)."""
+
+    ALLTOALL = 0
+    ALLGATHER = 1
+
+
+class CpComm(Choice):
+    """How context-parallel ranks exchange K/V (Megatron-Core's ``cp_comm_type``)."""
+
+    P2P = 0
+    ALLGATHER = 1
+
+
 _LABELS = {
     (Schedule, 1): "1f1b",
     (ZeroStage, 0): "0",

@@ -131,3 +131,74 @@ def link_params(
     tier = jnp.asarray(tier, jnp.int32)
     beta = bandwidth_bytes_per_s[tier] * bandwidth_efficiency[tier]
     return latency_s[tier], beta
+
+
+def tree_all_reduce_s(
+    p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike
+):
+    """Double-binary-tree all-reduce: ``2·ceil(log2 p)·α + 2·n/β`` seconds (Sanders et al. 2009;
+    NCCL's tree algorithm: latency logarithmic in p, every rank sends and receives n twice)."""
+    p = jnp.asarray(p, jnp.float32)
+    depth = jnp.ceil(jnp.log2(jnp.maximum(p, 1.0)))
+    return jnp.where(p > 1, 2.0 * depth * alpha_s + 2.0 * n_bytes / beta_bytes_per_s, 0.0)
+
+
+def nccl_all_reduce_s(
+    p: ArrayLike, n_bytes: ArrayLike, alpha_s: ArrayLike, beta_bytes_per_s: ArrayLike
+):
+    """The faster of ring and tree all-reduce, as NCCL's tuner picks by size and rank count
+    (trees for small messages on many ranks, rings for large ones)."""
+    return jnp.minimum(
+        all_reduce_s(p, n_bytes, alpha_s, beta_bytes_per_s),
+        tree_all_reduce_s(p, n_bytes, alpha_s, beta_bytes_per_s),
+    )
+
+
+def ranks_per_domain(group_size: ArrayLike, stride: ArrayLike, gpus_per_node: ArrayLike):
+    """Members of a group (``stride`` apart) that share one scale-up domain (at least 1)."""
+    g = jnp.asarray(group_size, jnp.float32)
+    return jnp.clip(jnp.floor(gpus_per_node / jnp.maximum(stride, 1.0)), 1.0, g)
+
+
+def hierarchical_all_reduce_s(p, n_bytes, k, intra, inter):
+    """All-reduce of ``p`` ranks, ``k`` per scale-up domain: reduce-scatter inside the domain,
+    all-reduce of the ``n/k`` shard across the ``p/k`` domains (every rank on its own NIC), and
+    all-gather inside the domain (NCCL's hierarchical rings over rail-optimised nodes). With
+    ``k = 1`` it is one flat all-reduce on the inter-node tier.
+
+    Args:
+      p: ranks in the group.
+      n_bytes: bytes each rank reduces.
+      k: ranks of the group in one domain (:func:`ranks_per_domain`).
+      intra: ``(alpha_s, beta_bytes_per_s)`` of the scale-up tier.
+      inter: the same of the tier between domains.
+
+    Returns:
+      Seconds.
+    """
+    a0, b0 = intra
+    a1, b1 = inter
+    outer = jnp.maximum(p / k, 1.0)
+    return (
+        reduce_scatter_s(k, n_bytes, a0, b0)
+        + nccl_all_reduce_s(outer, n_bytes / k, a1, b1)
+        + all_gather_s(k, n_bytes, a0, b0)
+    )
+
+
+def hierarchical_reduce_scatter_s(p, n_bytes, k, intra, inter):
+    """Reduce-scatter of ``p`` ranks, ``k`` per domain: inside the domain, then of the ``n/k``
+    shard across the domains (see :func:`hierarchical_all_reduce_s`)."""
+    a0, b0 = intra
+    a1, b1 = inter
+    outer = jnp.maximum(p / k, 1.0)
+    return reduce_scatter_s(k, n_bytes, a0, b0) + reduce_scatter_s(outer, n_bytes / k, a1, b1)
+
+
+def hierarchical_all_gather_s(p, n_bytes, k, intra, inter):
+    """All-gather of an ``n``-byte result over ``p`` ranks, ``k`` per domain: across the domains
+    (the ``n/k`` slice each domain owns), then inside the domain."""
+    a0, b0 = intra
+    a1, b1 = inter
+    outer = jnp.maximum(p / k, 1.0)
+    return all_gather_s(outer, n_bytes / k, a1, b1) + all_gather_s(k, n_bytes, a0, b0)

@@ -43,7 +43,7 @@ from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import layers_per_stage, memory_per_device, stage_params
-from perfmodel.strategy import KNOBS, Strategy
+from perfmodel.strategy import KNOBS, Strategy, with_default_knobs
 from perfmodel.workload import (
     ModelSpec,
     OpClass,
@@ -257,6 +257,8 @@ def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) 
     return StepBreakdown(
         compute_s=compute_s,
         tp_comm_s=tp_comm_s,
+        cp_comm_s=jnp.zeros_like(tp_comm_s),
+        ep_comm_s=jnp.zeros_like(tp_comm_s),
         dp_comm_exposed_s=dp_total,
         pp_p2p_s=pp_p2p_s,
         bubble_s=bubble_s,
@@ -342,4 +344,5 @@ def distir_grid_columns(num_gpus: int, global_batch: int) -> dict[str, np.ndarra
         dp=dp, tp=tp, pp=pp, micro_batch_size=B // np.maximum(dp * k, 1), num_microbatches=k
     )
     cols.update({name: np.full(rows, v, np.int64) for name, v in const.items()})
+    cols = with_default_knobs(cols)
     return {name: cols[name].astype(np.float32) for name in KNOBS}

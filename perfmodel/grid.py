@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
-from perfmodel.strategy import KNOBS, Strategy
+from perfmodel.strategy import KNOBS, Strategy, with_default_knobs
 
 Rows = dict[str, np.ndarray]
 
@@ -364,4 +364,5 @@ def enumerate_strategies(
     lifted_by = {}
     if _cross_node_reason(gpus_per_node) in rejected:
         lifted_by[_cross_node_reason(gpus_per_node)] = "allow_cross_node_tp"
+    rows = with_default_knobs(rows)
     return StrategyGrid({k: rows[k].astype(np.float32) for k in KNOBS}, rejected, lifted_by)

@@ -42,11 +42,16 @@ class HardwareSpec:
     memory_capacity_bytes: Float[Array, ""]
     link_bandwidth_bytes_per_s: Float[Array, " tiers"]  # per device, per direction
     link_latency_s: Float[Array, " tiers"]
+    # devices on the scale-up tier (tier 0): a node's, or an NVLink domain larger than a node
+    # (GB200 NVL72: 72), from ``nvlink_domain_size`` when the file gives it
     gpus_per_node: Float[Array, ""]
     price_per_device_hour_usd: Float[Array, ""]  # NaN when unknown
     # 1 = the node's devices are time-sliced on one host's cores (XLA's CPU devices): the
     # numbers above are the whole host's; 0 = dedicated devices (GPUs). See step_time.
     devices_share_host: Float[Array, ""] = 0.0
+    # what the runtime takes per device before the model gets any (CUDA context, NCCL buffers,
+    # allocator fragmentation): a strategy fits when its bytes plus this fit the capacity
+    memory_reserve_bytes: Float[Array, ""] = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +170,10 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True
     )
     gpn = _number(where, "gpus_per_node", doc.get("gpus_per_node", 8), "devices per node")
+    gpn = _number(where, "nvlink_domain_size", doc.get("nvlink_domain_size", gpn), "devices")
+    reserve = _number(
+        where, "memory_reserve_gib", doc.get("memory_reserve_gib", 0.0), "GiB", positive=False
+    )
     shared = doc.get("devices_share_host", False)
     if not isinstance(shared, bool):
         raise bad_value(where, "devices_share_host", shared, "true or false")
@@ -184,6 +193,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         gpus_per_node=jnp.asarray(gpn, jnp.float32),
         price_per_device_hour_usd=jnp.asarray(math.nan if price is None else price, jnp.float32),
         devices_share_host=jnp.asarray(float(shared), jnp.float32),
+        memory_reserve_bytes=jnp.asarray(reserve * units.GIB, jnp.float32),
     )
     consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
     power = _number(where, "board_power_w", doc.get("board_power_w"), "watts", allow_none=True)

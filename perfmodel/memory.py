@@ -1,14 +1,23 @@
 """Bytes per device: weights, gradients, optimiser state and activations, for one strategy.
 
-Model states with mixed-precision Adam take 16 bytes per parameter (2 weights, 2 gradients,
-12 for the fp32 master copy, momentum and variance; Rajbhandari et al. 2020, §3.1); fp32
-training takes 4 + 4 + 8. ZeRO-1/2/3 shard the optimiser state, then the gradients, then the
-weights over the dp ranks. Activations follow Korthikanti et al. 2022 §4: per layer and
-microbatch ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes with tensor parallelism, ``s·b·h·(34 +
-5·a·s/h)/t`` with sequence parallelism too, selective recomputation dropping the ``5·a·s/h``
-term and full recomputation keeping ``2·s·b·h`` (``/t`` with sequence parallelism). The first
-pipeline stage holds ``pp`` microbatches in flight under 1F1B (``(1 + (p-1)/(p·v))`` times that
-when interleaved, §4.2.3) and all ``m`` under GPipe.
+Model states with mixed-precision Adam take 2 bytes of weights, 12 of fp32 master copy, momentum
+and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and reduced in fp32
+(Megatron-Core's default with bf16: 18 bytes per parameter without the distributed optimizer;
+Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. FP8 training keeps an
+extra 1-byte copy of the weights (Transformer Engine). ZeRO-1/2/3 shard the optimiser state, then
+the gradients, then the weights over the data-parallel ranks (dp·cp: context-parallel ranks hold
+the same weights), or, for ZeRO-3 with a ``shard_size``, over groups of that size (HSDP). Routed
+experts are split over ep·etp ranks and their states sharded over the expert-data-parallel ranks.
+
+Activations are counted from the layer's real tensors, generalising Korthikanti et al. 2022 §4
+(``s·b·h·(34 + 5·a·s/h)`` for a GPT layer) to grouped-query and latent attention, gated MLPs,
+models without dropout, fused attention and MoE blocks: per layer and microbatch, in 16-bit
+elements of ``s·b·h``, the replicated norm and GEMM inputs and dropout masks (``/t`` with sequence
+parallelism), Q, K, V and the attention output, the MLP's fc1 and activation outputs, and the
+``s²`` softmax tensors of an unfused kernel. Context parallelism divides them by cp. Selective
+recomputation drops the ``s²`` tensors, full recomputation keeps the layer input of ``recompute_
+layers`` layers (all by default). The first pipeline stage holds ``pp`` microbatches in flight
+under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
 """
 
 from __future__ import annotations
@@ -20,8 +29,19 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.moe import moe_activation_bytes
 from perfmodel.strategy import ACT_BYTES, Strategy
-from perfmodel.workload import ModelSpec, embedding_params, head_params, layer_params
+from perfmodel.workload import (
+    ModelSpec,
+    attention_shape,
+    dense_layer_params,
+    embedding_params,
+    expert_params,
+    head_params,
+    is_moe,
+    layer_params,
+    moe_layer_count,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -41,45 +61,167 @@ def layers_per_stage(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     return jnp.ceil(m.num_layers / s.pp)
 
 
-def stage_params(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
-    """Parameters held by one device of the first stage (layers and embeddings split over tp)."""
-    first = layers_per_stage(m, s) * layer_params(m) + embedding_params(m)
+def end_stage_layers(m: ModelSpec, s: Strategy) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """Layers on the first and last stage when ``pp`` does not divide the layers.
+
+    Megatron-Core's uneven split (``--decoder-first/last-pipeline-num-layers``): the middle
+    stages take ``c = ceil(L/pp)`` layers and the first and last share the rest, lighter
+    because they also carry the embedding and the loss (Qwen3-235B's 94 layers on pp 8: 11,
+    6 x 12, 11). With an even split every stage has ``L/pp``.
+    """
+    c = layers_per_stage(m, s)
+    rest = m.num_layers - c * jnp.maximum(s.pp - 2.0, 0.0)
+    first = jnp.where(s.pp > 1, jnp.ceil(rest / 2.0), m.num_layers)
+    last = jnp.where(s.pp > 1, rest - first, m.num_layers)
+    even = jnp.abs(jnp.round(m.num_layers / s.pp) * s.pp - m.num_layers) < 0.5
+    ok = even | (last < 1.0)  # too few layers to unbalance: keep ceil everywhere
+    return jnp.where(ok, c, first), jnp.where(ok, c, last)
+
+
+def stage_moe_layers(m: ModelSpec, n_layers) -> Float[Array, ""]:
+    """MoE layers among ``n_layers`` of the busiest stage (the dense ones sit first)."""
+    return jnp.minimum(n_layers, moe_layer_count(m))
+
+
+def stage_params_split(m: ModelSpec, s: Strategy) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """(non-expert, routed-expert) parameters on one device of the first stage: layers and
+    embeddings split over tp, each MoE layer's routed experts over ep·etp."""
+    n = layers_per_stage(m, s)
+    if m.kind == "mlp":
+        return n * layer_params(m) / s.tp, jnp.zeros(())
+    n_moe = stage_moe_layers(m, n)
+    mlp_dense = dense_layer_params(m)
+    routed_all = m.num_experts * expert_params(m)
+    moe_non_routed = mlp_dense - _dense_mlp(m) + m.hidden_size * m.num_experts
+    moe_non_routed = moe_non_routed + m.shared_experts * expert_params(m)
+    dense = (n - n_moe) * mlp_dense + n_moe * moe_non_routed + embedding_params(m)
     # with a single stage the output head (if untied) and final norm live here too
-    first = first + jnp.where(s.pp <= 1, head_params(m), 0.0)
-    return first / s.tp
+    dense = dense + jnp.where(s.pp <= 1, head_params(m), 0.0)
+    experts = is_moe(m) * n_moe * routed_all / (s.ep * s.etp)
+    return dense / s.tp, experts
+
+
+def _dense_mlp(m: ModelSpec):
+    h, f, g = m.hidden_size, m.ffn_hidden_size, 1.0 + m.gated_mlp
+    return h * f * g + f * h + m.bias * (f * g + h)
+
+
+def stage_params(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
+    """Parameters held by one device of the first stage (dense and expert parts)."""
+    dense, experts = stage_params_split(m, s)
+    return dense + experts
+
+
+def grad_bytes_per_param(s: Strategy) -> Float[Array, ""]:
+    """Bytes of an accumulated (and reduced) gradient element: 4 in fp32 or when
+    ``grad_reduce_fp32``, else 2."""
+    full = (s.dtype == Dtype.FP32) | (s.dtype == Dtype.TF32)
+    return jnp.where(full | (s.grad_reduce_fp32 > 0), 4.0, 2.0)
 
 
 def model_state_bytes_per_param(
     dtype_code,
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
-    """(weights, gradients, optimiser) bytes per parameter: 2/2/12 mixed, 4/4/8 in fp32/tf32."""
+    """(weights, gradients, optimiser) bytes per parameter: 2/2/12 mixed, 4/4/8 in fp32/tf32
+    (gradients before :func:`grad_bytes_per_param`'s fp32 accumulation)."""
     full = (dtype_code == Dtype.FP32) | (dtype_code == Dtype.TF32)
     return (jnp.where(full, 4.0, 2.0), jnp.where(full, 4.0, 2.0), jnp.where(full, 8.0, 12.0))
 
 
-def activation_bytes_per_layer(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
-    """Korthikanti et al. 2022 §4 activation bytes of one layer for one microbatch."""
+def shard_group(s: Strategy) -> Float[Array, ""]:
+    """Ranks a dense parameter's ZeRO shards spread over: dp·cp, or ``shard_size`` (HSDP)."""
+    dpc = s.dp * s.cp
+    return jnp.where((s.zero_stage == ZeroStage.PARAMETERS) & (s.shard_size > 0), s.shard_size, dpc)
+
+
+def expert_data_parallel(s: Strategy) -> Float[Array, ""]:
+    """Replicas of each expert shard: ``dp·cp·tp / (ep·etp)`` (Megatron-Core's expert DP)."""
+    return jnp.maximum(s.dp * s.cp * s.tp / (s.ep * s.etp), 1.0)
+
+
+def _layer_elements(m: ModelSpec, s: Strategy):
+    """(replicated, tp-split, s²) activation terms of one layer, in 16-bit ``s·b·h`` units,
+    and the dense MLP's (tp-split) term."""
+    h = m.hidden_size
+    att = attention_shape(m)
+    drop = m.dropout
+    # norm inputs (2 x 2), QKV-GEMM and fc1 inputs (2 + 2), dropout masks (1 + 1)
+    replicated = 8.0 + 2.0 * drop
+    split = 2.0 * (att.q_dim + att.kv_exchanged + att.v_dim) / h  # Q, K, V, attention output
+    g = 1.0 + m.gated_mlp
+    mlp = 2.0 * m.ffn_hidden_size * (g + 1.0) / h  # fc1 outputs and the activation's output
+    # softmax output (2), and with dropout its mask (1) and output (2), per a·s/h
+    scores = (2.0 + 3.0 * drop) * m.num_heads * m.seq_len / h
+    return replicated, split, mlp, scores
+
+
+def activation_bytes_per_layer(m: ModelSpec, s: Strategy, *, moe_layer=False) -> Float[Array, ""]:
+    """Activation bytes of one layer for one microbatch (module docstring; for a GPT layer,
+    exactly Korthikanti et al. 2022 §4's ``s·b·h·(34 + 5·a·s/h)`` family).
+
+    Args:
+      m: model dimensions.
+      s: one strategy (its recomputation mode applies to every layer here).
+      moe_layer: count an MoE layer's MLP block (:func:`perfmodel.moe.moe_activation_bytes`)
+        instead of the dense MLP.
+
+    Returns:
+      Bytes on one device.
+    """
+    return _activation_bytes(m, s, moe_layer)[0]
+
+
+def _activation_bytes(m: ModelSpec, s: Strategy, moe_layer: bool):
+    """(bytes kept under the strategy's recomputation, bytes kept without recomputation)."""
     act_b = jnp.asarray(ACT_BYTES, jnp.float32)[s.dtype.astype(jnp.int32)]
-    scale = act_b / 2.0  # the paper counts 16-bit activations
+    scale = act_b / 2.0  # the counts are of 16-bit activations
     b, t = s.micro_batch_size, s.tp
     if m.kind == "mlp":
         # each linear layer keeps its input (act_b bytes) and a 1-byte ReLU mask
         width = (m.input_size + (m.num_layers - 1.0) * m.hidden_size) / m.num_layers
-        return b * width * (act_b + 1.0) / t
-    sbh = m.seq_len * b * m.hidden_size
-    # the softmax output, its dropout mask and the dropout output (5·a·s/h per s·b·h); a fused
-    # attention kernel keeps none of them (only a row statistic of a·s·b floats, left out here)
-    attn = jnp.where(s.fused_attention > 0, 0.0, 5.0 * m.num_heads * m.seq_len / m.hidden_size)
-    sp = s.sequence_parallel > 0
-    none_ = jnp.where(sp, sbh * (34.0 + attn) / t, sbh * (10.0 + 24.0 / t + attn / t))
-    selective = jnp.where(sp, sbh * 34.0 / t, sbh * (10.0 + 24.0 / t))
-    full = jnp.where(sp, 2.0 * sbh / t, 2.0 * sbh)
+        kept = b * width * (act_b + 1.0) / t
+        return kept, kept
+    sbh = m.seq_len / s.cp * b * m.hidden_size
+    replicated, split, mlp, scores = _layer_elements(m, s)
+    # a fused attention kernel keeps none of the s² tensors (only a row statistic of a·s·b
+    # floats, left out here)
+    attn = jnp.where(s.fused_attention > 0, 0.0, scores)
+    if moe_layer:
+        moe = moe_activation_bytes(m, b, t, s.cp, s.moe_imbalance, act_b) / scale
+        mlp_elems = moe / sbh  # already per device
+        mlp_split = 0.0
+    else:
+        mlp_elems, mlp_split = 0.0, mlp
+    rep = jnp.where(s.sequence_parallel > 0, t, 1.0)
+    none_ = sbh * (replicated / rep + (split + mlp_split + attn) / t + mlp_elems)
+    selective = sbh * (replicated / rep + (split + mlp_split) / t + mlp_elems)
+    full = 2.0 * sbh / rep
     per_layer = jnp.where(
         s.recompute == Recompute.FULL,
         full,
         jnp.where(s.recompute == Recompute.SELECTIVE, selective, none_),
     )
-    return per_layer * scale
+    return per_layer * scale, none_ * scale
+
+
+def stage_activation_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
+    """Activations one microbatch leaves on the busiest stage: dense and MoE layers, with
+    ``recompute_layers`` of them recomputed under full recomputation (0: all)."""
+    n = layers_per_stage(m, s)
+    n_moe = stage_moe_layers(m, n) if m.kind == "transformer" else jnp.zeros(())
+    dense_kept, dense_all = _activation_bytes(m, s, False)
+    if m.kind == "transformer":
+        moe_kept, moe_all = _activation_bytes(m, s, True)
+    else:
+        moe_kept = moe_all = jnp.zeros(())
+    partial = (s.recompute == Recompute.FULL) & (s.recompute_layers > 0)
+    k = jnp.where(partial, jnp.minimum(s.recompute_layers, n), n)
+    # the dense layers come first, so they are the first recomputed
+    k_dense = jnp.minimum(k, n - n_moe)
+    k_moe = k - k_dense
+    dense = k_dense * dense_kept + (n - n_moe - k_dense) * dense_all
+    moe = k_moe * moe_kept + (n_moe - k_moe) * moe_all
+    return dense + moe
 
 
 def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
@@ -102,10 +244,13 @@ def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
 def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     """Bytes per device of the first pipeline stage (the peak), by part.
 
-    Model states per parameter from :func:`model_state_bytes_per_param`, each divided by dp
-    once ZeRO partitions it (Rajbhandari et al. 2020); activations from
-    :func:`activation_bytes_per_layer` (Korthikanti et al. 2022 §4) times the stage's layers
-    times the microbatches in flight, plus the fp32 logits when one stage holds the whole model.
+    Model states per parameter from :func:`model_state_bytes_per_param` and
+    :func:`grad_bytes_per_param`, each divided by its shard group once ZeRO partitions it
+    (Rajbhandari et al. 2020; dense parameters over :func:`shard_group`, experts over
+    :func:`expert_data_parallel`); ZeRO-3 also holds the gathered weights of the layers in use
+    (two: the current and the prefetched), or of the whole stage when parameters are not
+    resharded after the forward. Activations from :func:`stage_activation_bytes` times the
+    microbatches in flight, plus the fp32 logits when one stage holds the whole model.
 
     Args:
       m: model dimensions.
@@ -114,17 +259,27 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     Returns:
       A :class:`MemoryBreakdown` in bytes.
     """
-    p = stage_params(m, s)
-    w_b, g_b, o_b = model_state_bytes_per_param(s.dtype)
+    dense, experts = stage_params_split(m, s)
+    p = dense + experts
+    w_b, _, o_b = model_state_bytes_per_param(s.dtype)
+    g_b = grad_bytes_per_param(s)
     z = s.zero_stage
-    # ZeRO stage k partitions the first k of (optimiser, gradients, weights) over dp
-    weights = p * w_b / jnp.where(z >= ZeroStage.PARAMETERS, s.dp, 1.0)
-    grads = p * g_b / jnp.where(z >= ZeroStage.GRADIENTS, s.dp, 1.0)
-    opt = p * o_b / jnp.where(z >= ZeroStage.OPTIMIZER, s.dp, 1.0)
-    acts = activation_bytes_per_layer(m, s) * layers_per_stage(m, s) * in_flight_microbatches(s)
+    group, edp = shard_group(s), expert_data_parallel(s)
+
+    def sharded(nbytes, stage):
+        return jnp.where(z >= stage, dense * nbytes / group + experts * nbytes / edp, p * nbytes)
+
+    zero3 = z == ZeroStage.PARAMETERS
+    layer_w = p / jnp.maximum(layers_per_stage(m, s), 1.0)
+    gathered = jnp.where(s.fsdp_reshard > 0, 2.0 * layer_w, p) * w_b
+    fp8_copy = jnp.where(s.dtype == Dtype.FP8, 1.0, 0.0) * p  # Transformer Engine's FP8 weights
+    weights = sharded(w_b, ZeroStage.PARAMETERS) + jnp.where(zero3, gathered, 0.0) + fp8_copy
+    grads = sharded(g_b, ZeroStage.GRADIENTS)
+    opt = sharded(o_b, ZeroStage.OPTIMIZER)
+    acts = stage_activation_bytes(m, s) * in_flight_microbatches(s)
     if m.kind == "transformer":
         # logits and their fp32 softmax (4·s·b·V/t, Korthikanti §4.3) when the first stage is also last
-        logits = 4.0 * m.seq_len * s.micro_batch_size * m.vocab_size / s.tp
+        logits = 4.0 * m.seq_len / s.cp * s.micro_batch_size * m.vocab_size / s.tp
         acts = acts + jnp.where(s.pp <= 1, logits, 0.0)
     total = weights + grads + opt + acts
     return MemoryBreakdown(

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.choices import Dtype, Recompute, Schedule
+from perfmodel.choices import CpComm, Dtype, MoeDispatch, Recompute, Schedule
 from perfmodel.strategy import KNOBS, Strategy
 
 SCALAR_KEYS = (
@@ -51,6 +51,11 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
         "interleave",
         "zero_stage",
         "gpus_per_node",
+        "cp",
+        "ep",
+        "etp",
+        "shard_size",
+        "recompute_layers",
     ):
         out[k] = cols[k].astype(np.int64)
     out["schedule"] = np.asarray(Schedule.labels(), dtype=object)[cols["schedule"].astype(int)]
@@ -59,10 +64,17 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     out["dtype"] = np.asarray(Dtype.labels(), dtype=object)[cols["dtype"].astype(int)]
     out["dp_overlap"] = cols["dp_overlap"].astype(bool)
     out["fused_attention"] = cols["fused_attention"].astype(bool)
+    for k in ("tp_overlap", "grad_reduce_fp32", "moe_overlap", "fsdp_reshard"):
+        out[k] = cols[k].astype(bool)
+    out["moe_imbalance"] = cols["moe_imbalance"].astype(np.float64)
+    out["moe_dispatch"] = np.asarray(MoeDispatch.labels(), dtype=object)[
+        cols["moe_dispatch"].astype(int)
+    ]
+    out["cp_comm"] = np.asarray(CpComm.labels(), dtype=object)[cols["cp_comm"].astype(int)]
     out["global_batch_size"] = (
         cols["dp"] * cols["micro_batch_size"] * cols["num_microbatches"]
     ).astype(np.int64)
-    out["num_gpus"] = (cols["dp"] * cols["tp"] * cols["pp"]).astype(np.int64)
+    out["num_gpus"] = (cols["dp"] * cols["tp"] * cols["pp"] * cols["cp"]).astype(np.int64)
     return out
 
 
@@ -114,6 +126,18 @@ def row_to_result(row: pd.Series | dict) -> dict:
         "global_batch_size",
         "num_gpus",
         "gpus_per_node",
+        "cp",
+        "ep",
+        "etp",
+        "shard_size",
+        "recompute_layers",
+        "tp_overlap",
+        "grad_reduce_fp32",
+        "moe_imbalance",
+        "moe_dispatch",
+        "moe_overlap",
+        "cp_comm",
+        "fsdp_reshard",
     ):
         if k in r:
             doc[k] = _py(r[k])

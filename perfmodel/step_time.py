@@ -23,26 +23,32 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from perfmodel import collectives as coll
+from perfmodel import comm_terms as terms
 from perfmodel.breakdown import BREAKDOWN_TERMS as BREAKDOWN_TERMS  # part of this API
 from perfmodel.breakdown import StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import (
+    end_stage_layers,
+    expert_data_parallel,
     layers_per_stage,
     memory_per_device,
-    model_state_bytes_per_param,
-    stage_params,
+    shard_group,
+    stage_moe_layers,
+    stage_params_split,
 )
+from perfmodel.moe import moe_forward_ops, routed_tokens
 from perfmodel.roofline import op_time_s
 from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import (
     ModelSpec,
     OpClass,
+    attention_shape,
     layer_forward_ops,
     logits_forward_ops,
     model_flops_per_step,
+    moe_layer_count,
     tokens_per_sample,
 )
 
@@ -72,19 +78,33 @@ def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
     Returns:
       ``True`` when the degrees are positive, tp divides the heads (the hidden units of an
       MLP), pp is at most the layers, the interleaved schedule's chunks, layers and microbatches
-      divide as Narayanan et al. SC21 §2.2.2 needs, and the dtype is supported.
+      divide as Narayanan et al. SC21 §2.2.2 needs, cp splits the sequence into ``2·cp``
+      load-balanced chunks, ep divides the experts and ep·etp the tp·cp·dp ranks of a stage
+      (Megatron-Core's folding; a dense model has ep = etp = 1), an HSDP shard group divides
+      dp·cp under ZeRO-3 only, and the dtype is supported.
     """
     ok = (
         (s.dp >= 1)
         & (s.tp >= 1)
         & (s.pp >= 1)
+        & (s.cp >= 1)
+        & (s.ep >= 1)
+        & (s.etp >= 1)
         & (s.micro_batch_size >= 1)
         & (s.num_microbatches >= 1)
+        & (s.moe_imbalance >= 1.0)
     )
     if m.kind == "transformer":
         ok &= _divides(s.tp, m.num_heads) & _divides(s.tp, m.num_kv_heads)
+        ok &= _divides(2.0 * s.cp, m.seq_len) | (s.cp == 1)
+        moe = m.num_experts > 0
+        ok &= jnp.where(
+            moe,
+            _divides(s.ep, m.num_experts) & _divides(s.ep * s.etp, s.tp * s.cp * s.dp),
+            (s.ep == 1) & (s.etp == 1),
+        )
     else:
-        ok &= _divides(s.tp, m.hidden_size)
+        ok &= _divides(s.tp, m.hidden_size) & (s.cp == 1) & (s.ep == 1) & (s.etp == 1)
     ok &= s.pp <= m.num_layers
     interleaved = s.schedule == Schedule.INTERLEAVED
     ok &= jnp.where(
@@ -95,6 +115,11 @@ def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
         & _divides(s.pp, s.num_microbatches),
         s.interleave == 1,
     )
+    ok &= jnp.where(
+        s.shard_size > 0,
+        (s.zero_stage == ZeroStage.PARAMETERS) & _divides(s.shard_size, s.dp * s.cp),
+        True,
+    )
     ok &= hw.peak_flops_per_s[s.dtype.astype(jnp.int32)] > 0
     return ok
 
@@ -103,16 +128,18 @@ class _Precision(NamedTuple):
     """What the strategy's dtype sets: bytes per activation element and the peaks."""
 
     act_bytes: Float[Array, ""]
-    nominal_peak: Float[Array, ""]  # the dtype's tensor peak as listed (0 = unsupported)
-    tensor_peak: Float[Array, ""]  # the peak GEMMs run at (fp32's when the dtype has none)
+    nominal_peak: Float[Array, ""]  # the peak MFU is reported against (BF16's for FP8 runs)
+    linear_peak: Float[Array, ""]  # the peak weight GEMMs run at (fp32's when none listed)
+    half_peak: Float[Array, ""]  # the peak 16-bit GEMMs run at (attention, logits)
     vector_peak: Float[Array, ""]  # fp32: what elementwise ops run at
+    fp8: Float[Array, ""]  # FP8 linear layers (Transformer Engine's recipe)
 
 
 class _Modes(NamedTuple):
     """The strategy's categorical choices as booleans (and the chunks per device)."""
 
     chunks: Float[Array, ""]  # v: model chunks per device (1 unless interleaved)
-    full: Float[Array, ""]  # full recomputation
+    full: Float[Array, ""]  # full recomputation (of every layer, or of recompute_layers)
     selective: Float[Array, ""]  # selective recomputation of the attention core
     fused: Float[Array, ""]  # a fused attention kernel
 
@@ -120,31 +147,37 @@ class _Modes(NamedTuple):
 class _StageCompute(NamedTuple):
     """Compute of the slowest pipeline stage for one microbatch, and its parts."""
 
-    fwd_layer_s: Float[Array, ""]
+    fwd_layer_s: Float[Array, ""]  # the stage's mean layer
     bwd_layer_s: Float[Array, ""]
     stage_mb_s: Float[Array, ""]  # every layer of the stage, logits included, fwd+bwd(+redo)
-    num_layers: Float[Array, ""]  # layers on the stage, ceil(L / pp)
-    fwd_flops: Float[Array, ""]  # forward FLOPs of one layer on one device
-    redo_flops: Float[Array, ""]  # forward FLOPs redone per layer by recomputation
-    fused_redo_flops: Float[Array, ""]  # Q·Kᵀ FLOPs a fused kernel's backward redoes per layer
-    logits_flops: Float[Array, ""]  # forward FLOPs of the output layer on one device
-
-
-class _DataParallel(NamedTuple):
-    total_s: Float[Array, ""]  # every DP collective of the step
-    exposed_s: Float[Array, ""]  # what the backward pass does not hide
+    num_layers: Float[Array, ""]  # layers on the busiest stage
+    dense_layers: Float[Array, ""]  # of which dense
+    moe_layers: Float[Array, ""]  # of which MoE
+    recomputed: Float[Array, ""]  # layers recomputed under full recomputation
+    attn_fwd_s: Float[Array, ""]  # attention core of one layer, forward
+    attn_bwd_s: Float[Array, ""]
+    gemm_s: Float[Array, ""]  # GEMM time of the stage (what TP overlap can hide behind)
+    hw_flops_mb: Float[Array, ""]  # FLOPs one device executes for a microbatch, whole model
 
 
 def _precision(hw: HardwareSpec, s: Strategy) -> _Precision:
-    """Activation bytes (:data:`~perfmodel.strategy.ACT_BYTES`) and peaks of the dtype."""
+    """Activation bytes (:data:`~perfmodel.strategy.ACT_BYTES`) and peaks of the dtype: FP8
+    runs its weight GEMMs at the FP8 peak and everything else at BF16's, and reports MFU
+    against BF16's (the convention of Megatron-Core, torchtitan and NVIDIA's tables)."""
     dtype = s.dtype.astype(jnp.int32)
-    nominal_peak = hw.peak_flops_per_s[dtype]
+    listed = hw.peak_flops_per_s[dtype]
     fp32_peak = hw.peak_flops_per_s[Dtype.FP32]
+    bf16_peak = hw.peak_flops_per_s[Dtype.BF16]
+    fp8 = s.dtype == Dtype.FP8
+    linear = jnp.where(listed > 0, listed, fp32_peak)
+    half = jnp.where(fp8, bf16_peak, linear)
     return _Precision(
         act_bytes=jnp.asarray(ACT_BYTES, jnp.float32)[dtype],
-        nominal_peak=nominal_peak,
-        tensor_peak=jnp.where(nominal_peak > 0, nominal_peak, fp32_peak),
+        nominal_peak=jnp.where(fp8 & (listed > 0), bf16_peak, listed),
+        linear_peak=linear,
+        half_peak=half,
         vector_peak=fp32_peak,
+        fp8=jnp.where(fp8, 1.0, 0.0),
     )
 
 
@@ -161,124 +194,181 @@ def _modes(s: Strategy) -> _Modes:
     )
 
 
-def _compute_terms(m: ModelSpec, s: Strategy, t, act_b, modes: _Modes) -> _StageCompute:
+def _timer(hw: HardwareSpec, c: Constants, prec: _Precision, fused):
+    """``t(op)``: an op class's seconds by its role (:attr:`~perfmodel.workload.OpClass.role`).
+
+    Weight GEMMs run at the linear peak, FP8 ones at ``fp8_matmul_efficiency_ratio`` of the
+    16-bit efficiency, saturating at the same time per kernel (the half-size in FLOPs scales
+    with the peak); a fused attention kernel at ``attention_efficiency_ratio`` of a GEMM's;
+    the logits GEMM at the 16-bit peak; vector kernels at the fp32 peak.
+    """
+    bw = hw.memory_bandwidth_bytes_per_s
+    peak_ratio = prec.linear_peak / jnp.maximum(prec.half_peak, 1.0)
+    lin_c = dataclasses.replace(
+        c,
+        matmul_efficiency_max=c.matmul_efficiency_max
+        * jnp.where(prec.fp8 > 0, c.fp8_matmul_efficiency_ratio, 1.0),
+        matmul_half_flops=c.matmul_half_flops * peak_ratio,
+    )
+    attn_c = dataclasses.replace(
+        c,
+        matmul_efficiency_max=c.matmul_efficiency_max
+        * jnp.where(fused, c.attention_efficiency_ratio, 1.0),
+    )
+
+    def t(op: OpClass):
+        if op.role == "linear":
+            return op_time_s(op, lin_c, prec.linear_peak, prec.vector_peak, bw)
+        if op.role == "attention":
+            return op_time_s(op, attn_c, prec.half_peak, prec.vector_peak, bw)
+        return op_time_s(op, c, prec.half_peak, prec.vector_peak, bw)
+
+    return t
+
+
+def _fp8_casts(m: ModelSpec, s: Strategy, ops, moe_ops, moe_layer: bool) -> tuple[OpClass, OpClass]:
+    """Transformer Engine's cast-transpose kernels of one layer (forward, backward): every
+    FP8 GEMM's input is cast (and transposed for the weight gradient) from 16 bits, reading 2
+    and writing 2 bytes per element, and every output gradient likewise in the backward."""
+    h, tp = m.hidden_size, s.tp
+    T = s.micro_batch_size * m.seq_len / s.cp
+    att = attention_shape(m)
+    f, g = m.ffn_hidden_size, 1.0 + m.gated_mlp
+    attn_in = T * (h + att.v_dim / tp)
+    attn_out_grads = T * ((att.q_dim + att.kv_exchanged) / tp + h)
+    if moe_layer:
+        r = routed_tokens(m, s.micro_batch_size, tp, s.cp, s.moe_imbalance)
+        fe = m.moe_ffn_hidden_size
+        mlp_in = r * (h + fe) + T * m.shared_experts * fe / tp
+        mlp_out_grads = r * (fe * g + h) + T * m.shared_experts * fe * g / tp
+    else:
+        mlp_in = T * (h + f / tp)
+        mlp_out_grads = T * (f * g / tp + h)
+    fwd = 4.0 * (attn_in + mlp_in)
+    bwd = 4.0 * (attn_out_grads + mlp_out_grads)
+    return (
+        OpClass(flops=fwd / 4.0, bytes=fwd, kernels=jnp.asarray(4.0), tensor=False, role="vector"),
+        OpClass(flops=bwd / 4.0, bytes=bwd, kernels=jnp.asarray(4.0), tensor=False, role="vector"),
+    )
+
+
+def _compute_terms(m: ModelSpec, s: Strategy, t, prec: _Precision, modes: _Modes) -> _StageCompute:
     """Compute of the slowest stage for one microbatch: each op class by the roofline, the
-    backward pass twice the forward, plus what recomputation redoes (the whole forward, or the
-    attention core: Korthikanti et al. 2022 §5) and a fused kernel's backward recomputing Q·Kᵀ
-    (Dao et al. 2022)."""
-    b, tp = s.micro_batch_size, s.tp
+    backward pass twice the forward, plus what recomputation redoes (the whole forward of
+    ``recompute_layers`` layers, or the attention core: Korthikanti et al. 2022 §5), a fused
+    kernel's backward recomputing Q·Kᵀ (Dao et al. 2022), and FP8's cast kernels. Dense and
+    MoE layers are timed apart; the busiest stage holds ``ceil(L/pp)`` layers, or the lighter
+    first/last stage with the embedding or the logits when that is slower
+    (:func:`perfmodel.memory.end_stage_layers`)."""
+    b, tp, act_b = s.micro_batch_size, s.tp, prec.act_bytes
     full, selective, fused = modes.full, modes.selective, modes.fused
-    ops = layer_forward_ops(m, b, tp, s.sequence_parallel, act_b, s.fused_attention)
-    classes = (ops.qkv, ops.attention, ops.softmax, ops.proj, ops.mlp, ops.elementwise)
-    fwd_layer = sum(t(op) for op in classes)
+    ops = layer_forward_ops(m, b, tp, s.sequence_parallel, act_b, s.fused_attention, s.cp)
+    attn_classes = (ops.qkv, ops.attention, ops.softmax, ops.proj, ops.elementwise)
     # a fused kernel's backward recomputes Q·Kᵀ: half of the attention's forward again
     fa_redo = dataclasses.replace(_scaled(ops.attention, 0.5), kernels=jnp.zeros(()))
-    bwd_layer = sum(t(_scaled(op, 2.0)) for op in classes) + jnp.where(fused, t(fa_redo), 0.0)
+    fa_redo_s = jnp.where(fused, t(fa_redo), 0.0)
+    attn_fwd = sum(t(op) for op in attn_classes)
+    attn_bwd = sum(t(_scaled(op, 2.0)) for op in attn_classes) + fa_redo_s
+    core_fwd = t(ops.attention)
+    core_bwd = t(_scaled(ops.attention, 2.0)) + fa_redo_s
+    moe_ops = moe_forward_ops(m, b, tp, s.cp, s.ep, s.moe_imbalance, act_b)
+    moe_classes = (moe_ops.router, moe_ops.experts, moe_ops.shared, moe_ops.elementwise)
+    dense_fwd = t(ops.mlp)
+    dense_bwd = t(_scaled(ops.mlp, 2.0))
+    moe_fwd = sum(t(op) for op in moe_classes)
+    moe_bwd = sum(t(_scaled(op, 2.0)) for op in moe_classes)
+    fp8 = prec.fp8 > 0
+    cast_d = _fp8_casts(m, s, ops, moe_ops, False)
+    cast_m = _fp8_casts(m, s, ops, moe_ops, True)
+    cast_dense = jnp.where(fp8, t(cast_d[0]) + t(cast_d[1]), 0.0)
+    cast_moe = jnp.where(fp8, t(cast_m[0]) + t(cast_m[1]), 0.0)
     attn_core = t(ops.attention) + t(ops.softmax)  # what selective recomputation redoes
-    layer_mb = (
-        fwd_layer + bwd_layer + jnp.where(full, fwd_layer, jnp.where(selective, attn_core, 0.0))
+    sel_redo = jnp.where(selective, attn_core, 0.0)
+    dense_f, dense_b = attn_fwd + dense_fwd, attn_bwd + dense_bwd + cast_dense
+    moe_f, moe_b = attn_fwd + moe_fwd, attn_bwd + moe_bwd + cast_moe
+    n = layers_per_stage(m, s)
+    first, last = end_stage_layers(m, s)
+    n_moe = stage_moe_layers(m, n) if m.kind == "transformer" else jnp.zeros(())
+    n_dense = n - n_moe
+    k = jnp.where(
+        full, jnp.where(s.recompute_layers > 0, jnp.minimum(s.recompute_layers, n), n), 0.0
     )
-    logits_mm, xent = logits_forward_ops(m, b, tp, act_b)
+    k_dense = jnp.minimum(k, n_dense)
+    k_moe = k - k_dense
+
+    def stage(nd, nm, kd, km):
+        return (
+            nd * (dense_f + dense_b + sel_redo)
+            + nm * (moe_f + moe_b + sel_redo)
+            + kd * dense_f
+            + km * moe_f
+        )
+
+    logits_mm, xent = logits_forward_ops(m, b, tp, act_b, s.cp)
     logits_mb = t(_scaled(logits_mm, 3.0)) + t(_scaled(xent, 2.0))
-    n_layers = layers_per_stage(m, s)
-    fwd_flops = sum(op.flops for op in classes)
-    redo_flops = jnp.where(full, fwd_flops, jnp.where(selective, ops.attention.flops, 0.0))
+    middle = stage(n_dense, n_moe, k_dense, k_moe)
+    # the last stage: its share of the layers (MoE ones when there are any) and the logits
+    last_moe = jnp.minimum(last, n_moe)
+    kl = jnp.minimum(k, last)
+    kl_dense = jnp.minimum(kl, last - last_moe)
+    last_stage = stage(last - last_moe, last_moe, kl_dense, kl - kl_dense) + logits_mb
+    first_stage = stage(
+        jnp.minimum(first, n_dense) + 0.0 * first,
+        first - jnp.minimum(first, n_dense),
+        jnp.minimum(k, jnp.minimum(first, n_dense)),
+        jnp.minimum(k, first) - jnp.minimum(k, jnp.minimum(first, n_dense)),
+    )
+    stage_mb = jnp.where(
+        s.pp > 1, jnp.maximum(jnp.maximum(middle, last_stage), first_stage), middle + logits_mb
+    )
+    # hardware FLOPs of one microbatch over the whole model on one device
+    L_moe = moe_layer_count(m) if m.kind == "transformer" else jnp.zeros(())
+    L_dense = m.num_layers - L_moe
+    attn_flops = sum(op.flops for op in attn_classes)
+    dense_flops = attn_flops + ops.mlp.flops
+    moe_flops = attn_flops + sum(op.flops for op in moe_classes)
+    redo = jnp.where(selective, ops.attention.flops, 0.0)
+    frac = jnp.where(full, k / jnp.maximum(n, 1.0), 0.0)
+    hw_flops = (
+        L_dense * ((3.0 + frac) * dense_flops + redo)
+        + L_moe * ((3.0 + frac) * moe_flops + redo)
+        + m.num_layers * jnp.where(fused, fa_redo.flops, 0.0)
+        + 3.0 * logits_mm.flops
+    )
+    gemms = n_dense * 3.0 * (t(ops.qkv) + t(ops.proj) + dense_fwd) + n_moe * 3.0 * (
+        t(ops.qkv) + t(ops.proj) + t(moe_ops.shared)
+    )
+    mean_f = (n_dense * dense_f + n_moe * moe_f) / jnp.maximum(n, 1.0)
+    mean_b = (n_dense * dense_b + n_moe * moe_b) / jnp.maximum(n, 1.0)
     return _StageCompute(
-        fwd_layer_s=fwd_layer,
-        bwd_layer_s=bwd_layer,
-        stage_mb_s=n_layers * layer_mb + logits_mb,
-        num_layers=n_layers,
-        fwd_flops=fwd_flops,
-        redo_flops=redo_flops,
-        fused_redo_flops=jnp.where(fused, fa_redo.flops, 0.0),
-        logits_flops=logits_mm.flops,
+        fwd_layer_s=mean_f,
+        bwd_layer_s=mean_b,
+        stage_mb_s=stage_mb,
+        num_layers=n,
+        dense_layers=n_dense,
+        moe_layers=n_moe,
+        recomputed=k,
+        attn_fwd_s=core_fwd,
+        attn_bwd_s=core_bwd,
+        gemm_s=gemms,
+        hw_flops_mb=hw_flops,
     )
-
-
-def _links(hw: HardwareSpec, c: Constants, group, stride, gpn):
-    """(alpha, beta) of the tier a group of ``group`` ranks ``stride`` apart spans."""
-    return coll.link_params(
-        coll.tier_of_group(group, stride, gpn),
-        hw.link_bandwidth_bytes_per_s,
-        c.link_latency_s,
-        c.link_bandwidth_efficiency,
-    )
-
-
-def _tp_comm(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy, act_b, n_layers, full):
-    """Tensor-parallel all-reduces of one stage for one microbatch (tp innermost: stride 1):
-    Megatron's 2 forward + 2 backward of ``b·s·h`` activations per layer, 2 more per recomputed
-    forward, and the embedding output and output-layer input gradient (Narayanan et al. SC21
-    §3.2); an MLP all-reduces once per pair of layers each way."""
-    b, tp = s.micro_batch_size, s.tp
-    tp_alpha, tp_beta = _links(hw, c, tp, 1.0, s.gpus_per_node)
-    if m.kind == "transformer":
-        n_tp = b * m.seq_len * m.hidden_size * act_b
-        per_layer = 4.0 + jnp.where(full, 2.0, 0.0)  # 2 fwd + 2 bwd (+2 recomputed fwd)
-        extra = 2.0  # embedding output (fwd) and output-layer input gradient (bwd)
-    else:
-        n_tp = b * m.hidden_size * act_b
-        per_layer = 1.0 + jnp.where(full, 0.5, 0.0)  # one all-reduce per pair of layers, each way
-        extra = 0.0
-    ar_tp = coll.all_reduce_s(tp, n_tp, tp_alpha, tp_beta)
-    return (n_layers * per_layer + extra) * ar_tp
-
-
-def _pp_p2p(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy, act_b, v):
-    """Pipeline sends of the step (stride tp·dp between neighbouring stages): each of the
-    ``v·m + p - 1`` stage boundaries crossed forward and backward sends one activation."""
-    tp, pp, dp, mb = s.tp, s.pp, s.dp, s.num_microbatches
-    pp_alpha, pp_beta = _links(hw, c, 2.0, tp * dp, s.gpus_per_node)
-    # Megatron's scatter/gather optimisation sends 1/tp of the activation per rank over the
-    # inter-node link and all-gathers it over NVLink (Narayanan et al. SC21 §4.1)
-    n_pp = s.micro_batch_size * tokens_per_sample(m) * m.hidden_size * act_b / tp
-    return jnp.where(pp > 1, 2.0 * (v * mb + pp - 1.0) * coll.p2p_s(n_pp, pp_alpha, pp_beta), 0.0)
-
-
-def _dp_comm(
-    m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy, stage: _StageCompute
-) -> _DataParallel:
-    """Data-parallel gradient traffic of the step (stride tp) and the part left exposed.
-
-    What ZeRO's partitioning forces (Rajbhandari et al. 2020 §5; DeepSpeed's stage 2 and 3
-    engines): with gradients partitioned (ZeRO-2, 3) a replica has no buffer to accumulate a
-    whole gradient in, so every microbatch's gradient is reduce-scattered as its backward pass
-    produces it; with parameters partitioned (ZeRO-3) every microbatch gathers each layer for
-    its forward and again for its backward (recompute included); ZeRO-1 and 2 all-gather the
-    updated parameter shards after the optimizer step, where no backward pass is left to hide
-    behind. ZeRO-0 all-reduces the accumulated gradient once, behind the last backward pass.
-    With ``dp_overlap`` a fraction of the hideable traffic hides behind the backward passes.
-    """
-    dp, mb = s.dp, s.num_microbatches
-    dp_alpha, dp_beta = _links(hw, c, dp, s.tp, s.gpus_per_node)
-    params_dev = stage_params(m, s)
-    w_b, g_b, _ = model_state_bytes_per_param(s.dtype)
-    partitioned = s.zero_stage >= ZeroStage.OPTIMIZER
-    zero3 = s.zero_stage == ZeroStage.PARAMETERS
-    rs = coll.reduce_scatter_s(dp, params_dev * g_b, dp_alpha, dp_beta)
-    ag = coll.all_gather_s(dp, params_dev * w_b, dp_alpha, dp_beta)
-    per_mb = jnp.where(s.zero_stage >= ZeroStage.GRADIENTS, mb, 1.0)
-    hideable = jnp.where(
-        partitioned,
-        per_mb * rs + jnp.where(zero3, 2.0 * mb * ag, 0.0),
-        coll.all_reduce_s(dp, params_dev * g_b, dp_alpha, dp_beta),
-    )
-    exposed = jnp.where(partitioned & ~zero3, ag, 0.0)
-    dp_total = hideable + exposed
-    fwd, bwd = stage.fwd_layer_s, stage.bwd_layer_s
-    window = per_mb * stage.num_layers * jnp.where(zero3, fwd + bwd, bwd)
-    hidden = jnp.where(s.dp_overlap > 0, jnp.minimum(c.dp_overlap_fraction * hideable, window), 0.0)
-    return _DataParallel(total_s=dp_total, exposed_s=dp_total - hidden)
 
 
 def _optimizer(m: ModelSpec, c: Constants, s: Strategy, t):
-    """Adam's update on this rank's parameters (its 1/dp shard under ZeRO >= 1), memory-bound:
-    :data:`ADAM_BYTES_PER_PARAM` bytes and 10 FLOPs per parameter, scaled by the calibrated
-    ``optimizer_time_factor``."""
-    local = stage_params(m, s) / jnp.where(s.zero_stage >= ZeroStage.OPTIMIZER, s.dp, 1.0)
+    """Adam's update on this rank's parameters (its ZeRO shard: dense ones over the shard
+    group, experts over their data-parallel ranks), memory-bound: :data:`ADAM_BYTES_PER_PARAM`
+    bytes and 10 FLOPs per parameter, scaled by the calibrated ``optimizer_time_factor``."""
+    dense, experts = stage_params_split(m, s)
+    part = s.zero_stage >= ZeroStage.OPTIMIZER
+    local = jnp.where(
+        part, dense / shard_group(s) + experts / expert_data_parallel(s), dense + experts
+    )
     opt_bytes = local * ADAM_BYTES_PER_PARAM
     return c.optimizer_time_factor * t(
-        OpClass(flops=local * 10.0, bytes=opt_bytes, kernels=jnp.ones(()), tensor=False)
+        OpClass(
+            flops=local * 10.0, bytes=opt_bytes, kernels=jnp.ones(()), tensor=False, role="vector"
+        )
     )
 
 
@@ -295,21 +385,15 @@ def _host_slicing(hw: HardwareSpec, s: Strategy):
     )
 
 
-def _hardware_flops(m: ModelSpec, s: Strategy, stage: _StageCompute):
-    """FLOPs the devices execute per step: 3x the forward (forward + 2x backward), what is
-    redone (recomputation, a fused backward's Q·Kᵀ) and the output layer, over every layer
-    (not the model FLOPs of Narayanan et al. eq. 3, which count no recomputation)."""
-    hw_layer = 3.0 * stage.fwd_flops + stage.redo_flops + stage.fused_redo_flops
-    return (m.num_layers * hw_layer + 3.0 * stage.logits_flops) * s.tp * s.num_microbatches * s.dp
-
-
 def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> StepBreakdown:
     """Time, throughput, utilisation and memory of one training step under one strategy.
 
     The step is ``m`` microbatches of the slowest stage plus the pipeline bubble of
-    ``(p-1)/v`` stage-microbatch times (Narayanan et al. SC21 §2.2), tensor-parallel
-    all-reduces, pipeline sends, the exposed data-parallel traffic, the optimizer step and a
-    per-microbatch overhead: the terms of :data:`BREAKDOWN_TERMS`, each a named step below.
+    ``(p-1)/v`` stage-microbatch times (Narayanan et al. SC21 §2.2), tensor- and
+    context-parallel collectives (less what ``tp_overlap`` hides behind GEMMs), the MoE token
+    dispatch (less what ``moe_overlap`` hides), pipeline sends, the exposed data-parallel
+    traffic, the optimizer step and a per-microbatch overhead: the terms of
+    :data:`BREAKDOWN_TERMS`, each a named step below.
 
     Args:
       m: model dimensions.
@@ -322,26 +406,60 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
       divisibility, out of memory) keep finite numbers and carry ``feasible = False``.
     """
     prec = _precision(hw, s)
-
-    def t(op: OpClass):
-        return op_time_s(op, c, prec.tensor_peak, prec.vector_peak, hw.memory_bandwidth_bytes_per_s)
-
     modes = _modes(s)
+    t = _timer(hw, c, prec, modes.fused)
     v, mb = modes.chunks, s.num_microbatches
-    stage = _compute_terms(m, s, t, prec.act_bytes, modes)
-    stage_tp_mb = _tp_comm(m, hw, c, s, prec.act_bytes, stage.num_layers, modes.full)
+    stage = _compute_terms(m, s, t, prec, modes)
+    n_dense, n_moe = stage.dense_layers, stage.moe_layers
+    tp_mb = terms.tp_comm(m, hw, c, s, prec.act_bytes, n_dense, n_moe, modes.full)
+    tp_hidden = jnp.where(
+        s.tp_overlap > 0, jnp.minimum(c.tp_overlap_fraction * tp_mb, stage.gemm_s), 0.0
+    )
+    tp_mb = tp_mb - tp_hidden
+    cp_mb = terms.cp_comm(
+        m,
+        hw,
+        c,
+        s,
+        prec.act_bytes,
+        stage.attn_fwd_s,
+        stage.attn_bwd_s,
+        stage.num_layers,
+        modes.full,
+    )
+    moe_mb = terms.moe_comm(m, hw, c, s, prec.act_bytes, n_moe, modes.full)
+    moe_hidden = jnp.where(
+        s.moe_overlap > 0,
+        jnp.minimum(c.dp_overlap_fraction * moe_mb, stage.stage_mb_s),
+        0.0,
+    )
+    moe_mb = moe_mb - moe_hidden
     compute_s = mb * stage.stage_mb_s
-    tp_comm_s = mb * stage_tp_mb
-    bubble_s = (s.pp - 1.0) / v * (stage.stage_mb_s + stage_tp_mb)
-    pp_p2p_s = _pp_p2p(m, hw, c, s, prec.act_bytes, v)
-    dpc = _dp_comm(m, hw, c, s, stage)
+    tp_comm_s = mb * tp_mb
+    cp_comm_s = mb * cp_mb
+    ep_comm_s = mb * moe_mb
+    bubble_s = (s.pp - 1.0) / v * (stage.stage_mb_s + tp_mb + cp_mb + moe_mb)
+    pp_p2p_s = terms.pp_p2p(m, hw, c, s, prec.act_bytes, v)
+    dpc = terms.dp_comm(
+        m, hw, c, s, terms.LayerWindows(stage.fwd_layer_s, stage.bwd_layer_s, stage.num_layers)
+    )
     optimizer_s = _optimizer(m, c, s, t)
     overhead_s = c.microbatch_overhead_s * mb * v
     slicing = _host_slicing(hw, s)
     compute_s, bubble_s, optimizer_s, overhead_s = (
         slicing * x for x in (compute_s, bubble_s, optimizer_s, overhead_s)
     )
-    total = compute_s + tp_comm_s + dpc.exposed_s + pp_p2p_s + bubble_s + optimizer_s + overhead_s
+    total = (
+        compute_s
+        + tp_comm_s
+        + cp_comm_s
+        + ep_comm_s
+        + dpc.exposed_s
+        + pp_p2p_s
+        + bubble_s
+        + optimizer_s
+        + overhead_s
+    )
     return _breakdown(
         m,
         hw,
@@ -349,6 +467,8 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
         terms=dict(
             compute_s=compute_s,
             tp_comm_s=tp_comm_s,
+            cp_comm_s=cp_comm_s,
+            ep_comm_s=ep_comm_s,
             dp_comm_exposed_s=dpc.exposed_s,
             pp_p2p_s=pp_p2p_s,
             bubble_s=bubble_s,
@@ -357,7 +477,7 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
         ),
         total=total,
         dp_total=dpc.total_s,
-        hardware_flops=_hardware_flops(m, s, stage),
+        hardware_flops=stage.hw_flops_mb * s.tp * s.cp * s.num_microbatches * s.dp,
         nominal_peak=prec.nominal_peak,
     )
 
@@ -371,7 +491,7 @@ def _breakdown(m, hw, s, *, terms, total, dp_total, hardware_flops, nominal_peak
     model_flops = model_flops_per_step(m, gbs)
     denom = total * gpus * nominal_peak
     mem = memory_per_device(m, s)
-    fits = mem.total_bytes <= hw.memory_capacity_bytes
+    fits = mem.total_bytes + hw.memory_reserve_bytes <= hw.memory_capacity_bytes
     valid = validity(m, hw, s)
     price = hw.price_per_device_hour_usd
     return StepBreakdown(

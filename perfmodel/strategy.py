@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule
+from perfmodel.choices import RECOMPUTE_ALIASES, CpComm, Dtype, MoeDispatch, Recompute, Schedule
 
 SCHEDULES = Schedule.labels()
 RECOMPUTE = Recompute.labels()
@@ -39,7 +39,34 @@ KNOBS = (
     "dp_overlap",
     "fused_attention",
     "gpus_per_node",
+    "cp",
+    "ep",
+    "etp",
+    "shard_size",
+    "recompute_layers",
+    "tp_overlap",
+    "grad_reduce_fp32",
+    "moe_imbalance",
+    "moe_dispatch",
+    "moe_overlap",
+    "cp_comm",
+    "fsdp_reshard",
 )
+# what a knob left out means: the dense, 2022-style strategy (tables built before a knob existed
+# stay valid); ``grad_reduce_fp32`` has no single default (see :func:`default_grad_reduce_fp32`)
+KNOB_DEFAULTS = {
+    "cp": 1.0,
+    "ep": 1.0,
+    "etp": 1.0,
+    "shard_size": 0.0,
+    "recompute_layers": 0.0,
+    "tp_overlap": 0.0,
+    "moe_imbalance": 1.0,
+    "moe_dispatch": 0.0,
+    "moe_overlap": 0.0,
+    "cp_comm": 0.0,
+    "fsdp_reshard": 1.0,
+}
 
 
 @jax.tree_util.register_dataclass
@@ -61,7 +88,25 @@ class Strategy:
       fused_attention: 1 for a fused attention kernel (FlashAttention, Dao et al. 2022): the
         s × s scores stay on chip, so they are neither stored nor written to memory, and the
         backward pass recomputes them.
-      gpus_per_node: devices that share the intra-node tier.
+      gpus_per_node: devices that share the fast (scale-up) tier: a node, or an NVLink domain
+        larger than a node (GB200 NVL72).
+      cp: context-parallel degree: the sequence split over cp ranks (load-balanced causal
+        chunks), ranks ordered tp-cp-dp-pp as in Megatron-Core.
+      ep: expert-parallel degree: routed experts split over ep ranks, folded into the tp·cp·dp
+        ranks of a stage (Megatron-Core's MoE parallel folding).
+      etp: expert tensor-parallel degree: each expert's GEMMs split over etp ranks.
+      shard_size: ZeRO-3/FSDP shard group size; 0 shards over all dp·cp ranks, a divisor of
+        dp·cp shards within groups and replicates across them (HSDP).
+      recompute_layers: with full recomputation, the layers of a stage recomputed (0 = all).
+      tp_overlap: 1 to overlap tensor-parallel collectives with the GEMMs (userbuffers).
+      grad_reduce_fp32: 1 to accumulate and reduce gradients in fp32 (Megatron-Core's default
+        with bf16), 0 to keep them in the 16-bit dtype.
+      moe_imbalance: routed tokens on the busiest expert rank over the mean (1 = balanced).
+      moe_dispatch: a :class:`~perfmodel.choices.MoeDispatch` code (all-to-all or all-gather).
+      moe_overlap: 1 when the token dispatch and combine overlap compute.
+      cp_comm: a :class:`~perfmodel.choices.CpComm` code (p2p ring or all-gather of K/V).
+      fsdp_reshard: 1 to free gathered parameters after the forward (FSDP's default), so the
+        backward gathers them again.
     """
 
     dp: Float[Array, "*n"]
@@ -78,6 +123,18 @@ class Strategy:
     dp_overlap: Float[Array, "*n"]
     fused_attention: Float[Array, "*n"]
     gpus_per_node: Float[Array, "*n"]
+    cp: Float[Array, "*n"]
+    ep: Float[Array, "*n"]
+    etp: Float[Array, "*n"]
+    shard_size: Float[Array, "*n"]
+    recompute_layers: Float[Array, "*n"]
+    tp_overlap: Float[Array, "*n"]
+    grad_reduce_fp32: Float[Array, "*n"]
+    moe_imbalance: Float[Array, "*n"]
+    moe_dispatch: Float[Array, "*n"]
+    moe_overlap: Float[Array, "*n"]
+    cp_comm: Float[Array, "*n"]
+    fsdp_reshard: Float[Array, "*n"]
 
     @property
     def global_batch(self):
@@ -86,8 +143,15 @@ class Strategy:
 
     @property
     def num_gpus(self):
-        """Devices used: dp · tp · pp."""
-        return self.dp * self.tp * self.pp
+        """Devices used: dp · tp · pp · cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+
+def default_grad_reduce_fp32(dtype: str | int) -> bool:
+    """Megatron-Core's rule: bf16 (and fp8, whose master weights are bf16) training accumulates
+    and reduces gradients in fp32 (``accumulate_allreduce_grads_in_fp32``); fp16 and fp32
+    training keep the gradient in the compute dtype."""
+    return Dtype.parse(dtype, "dtype") in (Dtype.BF16, Dtype.FP8)
 
 
 def make_strategy(
@@ -106,24 +170,61 @@ def make_strategy(
     dp_overlap: bool = True,
     fused_attention: bool = False,
     gpus_per_node: int = 8,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
+    shard_size: int = 0,
+    recompute_layers: int = 0,
+    tp_overlap: bool = False,
+    grad_reduce_fp32: bool | None = None,
+    moe_imbalance: float = 1.0,
+    moe_dispatch: str | int = "alltoall",
+    moe_overlap: bool = False,
+    cp_comm: str | int = "p2p",
+    fsdp_reshard: bool = True,
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values, without validation (see
     :func:`perfmodel.knobs.strategy_from_knobs` for user input).
 
     Args:
-      dp, tp, pp, micro_batch_size, num_microbatches, interleave, zero_stage, gpus_per_node:
-        the counts of :class:`Strategy`.
-      schedule, recompute, dtype: labels (``"1f1b"``, ``"selective"``, ``"bf16"``) or codes of
-        :class:`~perfmodel.choices.Schedule`, :class:`~perfmodel.choices.Recompute` (``yes``/``no``
-        mean full/none) and :class:`~perfmodel.choices.Dtype`.
-      sequence_parallel, dp_overlap, fused_attention: switches, stored as 0/1.
+      dp: data-parallel degree.
+      tp: tensor-parallel degree.
+      pp: pipeline-parallel degree.
+      micro_batch_size: samples per microbatch per replica.
+      num_microbatches: microbatches per replica per step.
+      interleave: model chunks per device.
+      schedule: a :class:`~perfmodel.choices.Schedule` label or code (``"1f1b"``).
+      zero_stage: ZeRO stage 0-3.
+      recompute: a :class:`~perfmodel.choices.Recompute` label or code (``yes``/``no`` mean
+        full/none).
+      sequence_parallel: shard norms and dropouts over tp.
+      dtype: a :class:`~perfmodel.choices.Dtype` label or code (``"bf16"``).
+      dp_overlap: overlap the DP gradient reduction with the backward pass.
+      fused_attention: a fused attention kernel.
+      gpus_per_node: devices on the scale-up tier.
+      cp: context-parallel degree.
+      ep: expert-parallel degree.
+      etp: expert tensor-parallel degree.
+      shard_size: ZeRO-3 shard group (0: all dp·cp ranks).
+      recompute_layers: layers per stage recomputed under full recomputation (0: all).
+      tp_overlap: overlap TP collectives with GEMMs.
+      grad_reduce_fp32: fp32 gradient accumulation and reduction; ``None`` applies
+        :func:`default_grad_reduce_fp32`.
+      moe_imbalance: busiest expert rank's routed tokens over the mean.
+      moe_dispatch: a :class:`~perfmodel.choices.MoeDispatch` label or code.
+      moe_overlap: overlap token dispatch with compute.
+      cp_comm: a :class:`~perfmodel.choices.CpComm` label or code.
+      fsdp_reshard: free gathered parameters after the forward.
 
     Returns:
       A :class:`Strategy` with scalar float32 leaves.
 
     Raises:
-      AisimError: an unknown schedule, recompute mode or dtype (``field`` names it).
+      AisimError: an unknown schedule, recompute mode, dtype or communication choice (``field``
+        names it).
     """
+    if grad_reduce_fp32 is None:
+        grad_reduce_fp32 = default_grad_reduce_fp32(dtype)
     vals = dict(
         dp=dp,
         tp=tp,
@@ -139,13 +240,41 @@ def make_strategy(
         dp_overlap=float(bool(dp_overlap)),
         fused_attention=float(bool(fused_attention)),
         gpus_per_node=gpus_per_node,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        shard_size=shard_size,
+        recompute_layers=recompute_layers,
+        tp_overlap=float(bool(tp_overlap)),
+        grad_reduce_fp32=float(bool(grad_reduce_fp32)),
+        moe_imbalance=moe_imbalance,
+        moe_dispatch=MoeDispatch.parse(moe_dispatch, "moe_dispatch"),
+        moe_overlap=float(bool(moe_overlap)),
+        cp_comm=CpComm.parse(cp_comm, "cp_comm"),
+        fsdp_reshard=float(bool(fsdp_reshard)),
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
 
-def stack_strategies(columns: dict[str, np.ndarray]) -> Strategy:
-    """A struct-of-arrays :class:`Strategy` from equal-length numpy columns (one per knob)."""
+def with_default_knobs(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns plus every knob they lack, at its default (:data:`KNOB_DEFAULTS`;
+    ``grad_reduce_fp32`` from each row's dtype, :func:`default_grad_reduce_fp32`)."""
+    out = dict(columns)
     n = len(next(iter(columns.values())))
+    for k, v in KNOB_DEFAULTS.items():
+        if k not in out:
+            out[k] = np.full(n, v, np.float32)
+    if "grad_reduce_fp32" not in out:
+        dt = np.asarray(out["dtype"], np.float32)
+        out["grad_reduce_fp32"] = ((dt == Dtype.BF16) | (dt == Dtype.FP8)).astype(np.float32)
+    return out
+
+
+def stack_strategies(columns: dict[str, np.ndarray]) -> Strategy:
+    """A struct-of-arrays :class:`Strategy` from equal-length numpy columns (one per knob; a
+    knob left out takes its default, :func:`with_default_knobs`)."""
+    n = len(next(iter(columns.values())))
+    columns = with_default_knobs(columns)
     return Strategy(
         **{k: jnp.asarray(np.broadcast_to(np.asarray(columns[k], np.float32), (n,))) for k in KNOBS}
     )
@@ -168,4 +297,16 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "dtype": Dtype(int(v["dtype"])).label,
         "dp_overlap": bool(v["dp_overlap"]),
         "fused_attention": bool(v["fused_attention"]),
+        "cp": int(v["cp"]),
+        "ep": int(v["ep"]),
+        "etp": int(v["etp"]),
+        "shard_size": int(v["shard_size"]),
+        "recompute_layers": int(v["recompute_layers"]),
+        "tp_overlap": bool(v["tp_overlap"]),
+        "grad_reduce_fp32": bool(v["grad_reduce_fp32"]),
+        "moe_imbalance": v["moe_imbalance"],
+        "moe_dispatch": MoeDispatch(int(v["moe_dispatch"])).label,
+        "moe_overlap": bool(v["moe_overlap"]),
+        "cp_comm": CpComm(int(v["cp_comm"])).label,
+        "fsdp_reshard": bool(v["fsdp_reshard"]),
     }

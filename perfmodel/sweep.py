@@ -403,8 +403,13 @@ def strategy_label(r: dict, *, short: bool = True) -> str:
             + (f" {r['dtype']}" if r["dtype"] != Dtype.BF16.label else "")
             + ("" if r["dp_overlap"] else " no-overlap")
             + (" fa" if r.get("fused_attention") else "")
+            + "".join(f" {k}{r[k]}" for k in ("cp", "ep", "etp") if r.get(k, 1) > 1)
+            + (f" shard{r['shard_size']}" if r.get("shard_size", 0) else "")
         )
     parts = [f"dp{r['dp']}", f"tp{r['tp']}", f"pp{r['pp']}"]
+    parts += [f"{k}{r[k]}" for k in ("cp", "ep", "etp") if r.get(k, 1) > 1]
+    if r.get("shard_size", 0):
+        parts.append(f"hsdp{r['shard_size']}")
     if r["interleave"] > 1:
         parts.append(f"v{r['interleave']}")
     if r["schedule"] == Schedule.GPIPE.label:

@@ -16,7 +16,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,21 @@ class ModelSpec:
     bias: Float[Array, ""]
     input_size: Float[Array, ""]
     output_size: Float[Array, ""]
+    # mixture of experts (0 experts: dense); the first ``dense_layers`` layers are dense
+    num_experts: Float[Array, ""] = 0.0
+    experts_per_token: Float[Array, ""] = 0.0
+    moe_ffn_hidden_size: Float[Array, ""] = 0.0
+    shared_experts: Float[Array, ""] = 0.0
+    dense_layers: Float[Array, ""] = 0.0
+    head_dim: Float[Array, ""] = 0.0  # 0: hidden_size / num_heads
+    # multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = not MLA
+    q_lora_rank: Float[Array, ""] = 0.0
+    kv_lora_rank: Float[Array, ""] = 0.0
+    qk_rope_head_dim: Float[Array, ""] = 0.0
+    qk_nope_head_dim: Float[Array, ""] = 0.0
+    v_head_dim: Float[Array, ""] = 0.0
+    causal: Float[Array, ""] = 1.0
+    dropout: Float[Array, ""] = 1.0
     kind: str = jax.tree.static(default="transformer")
 
 
@@ -73,6 +88,10 @@ class OpClass:
     bytes: Float[Array, ""]
     kernels: Float[Array, ""]
     tensor: bool = jax.tree.static(default=True)  # runs on tensor cores (matmul) or not
+    # "linear": a weight GEMM (FP8-eligible under Transformer Engine's recipe); "attention":
+    # the attention core (Q·Kᵀ, P·V), always 16-bit; "gemm": another 16-bit matmul (the
+    # logits); "vector": elementwise kernels
+    role: str = jax.tree.static(default="linear")
 
 
 @jax.tree_util.register_dataclass
@@ -130,12 +149,14 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         raise bad_value(where, "kind", doc.get("kind"), "'transformer' or 'mlp'")
     layers = _get(where, doc, "num_layers")
     hidden = _get(where, doc, "hidden_size")
+    extra = _moe_and_attention_fields(where, {})  # an MLP's: all zero (dense, no attention)
     if kind == "transformer":
+        extra = _moe_and_attention_fields(where, doc)
         heads = _get(where, doc, "num_heads")
         kv = _get(where, doc, "num_kv_heads", default=heads)
         if heads % kv:
             raise bad_value(where, "num_kv_heads", kv, f"a divisor of num_heads={heads:g}")
-        if hidden % heads:
+        if hidden % heads and not extra["head_dim"]:
             raise bad_value(where, "hidden_size", hidden, f"a multiple of num_heads={heads:g}")
         vals = dict(
             num_heads=heads,
@@ -168,7 +189,7 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         num_layers=jnp.asarray(layers, _F),
         hidden_size=jnp.asarray(hidden, _F),
         kind=kind,
-        **{k: jnp.asarray(v, _F) for k, v in vals.items()},
+        **{k: jnp.asarray(v, _F) for k, v in (vals | extra).items()},
     )
     pub = doc.get("published_params")
     return Model(
@@ -177,6 +198,58 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         published_params=None if pub is None else float(pub),
         source=str(doc.get("source", "")),
     )
+
+
+def _count(where: str, doc: dict, key: str, default: float = 0.0) -> float:
+    """An optional non-negative integer field."""
+    v = doc.get(key, default)
+    if v is None:
+        return float(default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise bad_value(where, key, v, "a non-negative integer")
+    return float(v)
+
+
+def _moe_and_attention_fields(where: str, doc: dict) -> dict[str, float]:
+    """The optional MoE, head-size, MLA and masking fields of a transformer, checked."""
+    out = {
+        k: _count(where, doc, k)
+        for k in (
+            "num_experts",
+            "experts_per_token",
+            "moe_ffn_hidden_size",
+            "shared_experts",
+            "dense_layers",
+            "head_dim",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+        )
+    }
+    if out["num_experts"]:
+        if not 1 <= out["experts_per_token"] <= out["num_experts"]:
+            raise bad_value(
+                where,
+                "experts_per_token",
+                doc.get("experts_per_token"),
+                f"an integer in [1, num_experts={out['num_experts']:g}]",
+            )
+        if not out["moe_ffn_hidden_size"]:
+            out["moe_ffn_hidden_size"] = _get(where, doc, "ffn_hidden_size")
+        if out["dense_layers"] >= _get(where, doc, "num_layers"):
+            raise bad_value(where, "dense_layers", out["dense_layers"], "fewer than num_layers")
+    if out["kv_lora_rank"] and not (out["qk_nope_head_dim"] and out["v_head_dim"]):
+        raise bad_value(
+            where,
+            "qk_nope_head_dim" if not out["qk_nope_head_dim"] else "v_head_dim",
+            0,
+            "a positive head size for multi-head latent attention (kv_lora_rank > 0)",
+        )
+    out["causal"] = float(bool(doc.get("causal", True)))
+    out["dropout"] = float(bool(doc.get("dropout", True)))
+    return out
 
 
 def load_model(name: str) -> Model:
@@ -292,22 +365,101 @@ def with_overrides(model: Model, **dims: float | None) -> Model:
 
 
 def _head_dim(m: ModelSpec):
-    return m.hidden_size / m.num_heads
+    return jnp.where(m.head_dim > 0, m.head_dim, m.hidden_size / m.num_heads)
 
 
-def _qkv_out(m: ModelSpec):
-    return m.hidden_size + 2.0 * m.num_kv_heads * _head_dim(m)
+def _is_mla(m: ModelSpec):
+    return m.kv_lora_rank > 0
+
+
+class AttentionShape(NamedTuple):
+    """Per-token widths of one attention block (all heads, before the tensor-parallel split)."""
+
+    q_dim: Float[Array, ""]  # query (and key, for the scores) width: heads · qk head size
+    v_dim: Float[Array, ""]  # value and attention-output width: heads · v head size
+    kv_exchanged: Float[Array, ""]  # K and V elements per token a context-parallel ring moves
+    proj_params: Float[Array, ""]  # Q, K, V projection weights (MLA: the low-rank ones too)
+    out_params: Float[Array, ""]  # output projection weights
+
+
+def attention_shape(m: ModelSpec) -> AttentionShape:
+    """Widths and projection sizes of grouped-query attention (``num_kv_heads``, ``head_dim``)
+    or, when ``kv_lora_rank > 0``, DeepSeek's multi-head latent attention (DeepSeek-AI 2024,
+    arXiv:2405.04434 §2.1: Q through a ``q_lora_rank`` bottleneck, K/V up-projected from a
+    ``kv_lora_rank`` latent plus a shared rope key)."""
+    h, a = m.hidden_size, m.num_heads
+    hd = _head_dim(m)
+    qk_hd = m.qk_nope_head_dim + m.qk_rope_head_dim
+    mla = _is_mla(m)
+    gqa_q = a * hd
+    gqa_kv = 2.0 * m.num_kv_heads * hd
+    mla_q = jnp.where(
+        m.q_lora_rank > 0, h * m.q_lora_rank + m.q_lora_rank * a * qk_hd, h * a * qk_hd
+    )
+    mla_kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (
+        m.qk_nope_head_dim + m.v_head_dim
+    )
+    return AttentionShape(
+        q_dim=jnp.where(mla, a * qk_hd, gqa_q),
+        v_dim=jnp.where(mla, a * m.v_head_dim, gqa_q),
+        kv_exchanged=jnp.where(mla, a * (qk_hd + m.v_head_dim), gqa_kv),
+        proj_params=jnp.where(mla, mla_q + mla_kv, h * (gqa_q + gqa_kv)),
+        out_params=jnp.where(mla, a * m.v_head_dim * h, gqa_q * h),
+    )
+
+
+def is_moe(m: ModelSpec):
+    """1.0 for a mixture-of-experts transformer, else 0.0 (a leaf test, jittable)."""
+    return jnp.where(m.num_experts > 0, 1.0, 0.0)
+
+
+def moe_layer_count(m: ModelSpec) -> Float[Array, ""]:
+    """Layers with routed experts: all but the first ``dense_layers`` of an MoE model."""
+    return is_moe(m) * (m.num_layers - m.dense_layers)
+
+
+def _attention_params(m: ModelSpec):
+    att = attention_shape(m)
+    biases = m.bias * (att.q_dim + att.kv_exchanged + m.hidden_size)
+    lora_norms = jnp.where(_is_mla(m), m.q_lora_rank + m.kv_lora_rank, 0.0)
+    return att.proj_params + att.out_params + biases + lora_norms
+
+
+def _mlp_params(m: ModelSpec, ffn):
+    h, g = m.hidden_size, 1.0 + m.gated_mlp
+    return h * ffn * g + ffn * h + m.bias * (ffn * g + h)
+
+
+def expert_params(m: ModelSpec) -> Float[Array, ""]:
+    """Weights of one routed expert (a gated or plain MLP of ``moe_ffn_hidden_size``)."""
+    return _mlp_params(m, m.moe_ffn_hidden_size)
+
+
+def dense_layer_params(m: ModelSpec) -> Float[Array, ""]:
+    """Parameters of one dense transformer layer: attention, MLP of ``ffn_hidden_size``, norms."""
+    norms = 2.0 * m.hidden_size * (1.0 + m.bias)
+    return _attention_params(m) + _mlp_params(m, m.ffn_hidden_size) + norms
+
+
+def moe_layer_params(m: ModelSpec, *, routed=None) -> Float[Array, ""]:
+    """Parameters of one MoE layer: attention, norms, router, shared experts and ``routed``
+    experts (default: all ``num_experts``; pass ``experts_per_token`` for the active ones)."""
+    n_routed = m.num_experts if routed is None else routed
+    norms = 2.0 * m.hidden_size * (1.0 + m.bias)
+    router = m.hidden_size * m.num_experts
+    experts = (n_routed + m.shared_experts) * expert_params(m)
+    return _attention_params(m) + norms + router + experts
 
 
 def layer_params(m: ModelSpec) -> Float[Array, ""]:
-    """Parameters of one transformer layer, or the average layer of an MLP."""
+    """Parameters of the average transformer layer (dense and MoE layers mixed), or the average
+    layer of an MLP."""
     if m.kind == "mlp":
         return mlp_params(m) / m.num_layers
-    h, f, g = m.hidden_size, m.ffn_hidden_size, 1.0 + m.gated_mlp
-    attn = h * _qkv_out(m) + h * h + m.bias * (_qkv_out(m) + h)
-    mlp = h * f * g + f * h + m.bias * (f * g + h)
-    norms = 2.0 * h * (1.0 + m.bias)
-    return attn + mlp + norms
+    n_moe = moe_layer_count(m)
+    return (
+        (m.num_layers - n_moe) * dense_layer_params(m) + n_moe * moe_layer_params(m)
+    ) / m.num_layers
 
 
 def mlp_params(m: ModelSpec) -> Float[Array, ""]:
@@ -333,34 +485,62 @@ def head_params(m: ModelSpec) -> Float[Array, ""]:
 
 
 def total_params(m: ModelSpec) -> Float[Array, ""]:
-    """All parameters of the model (N in the 6·N·tokens convention)."""
+    """All parameters of the model, every expert included."""
     if m.kind == "mlp":
         return mlp_params(m)
     return m.num_layers * layer_params(m) + embedding_params(m) + head_params(m)
 
 
-def _op(flops, nbytes, kernels, tensor=True) -> OpClass:
+def active_params(m: ModelSpec) -> Float[Array, ""]:
+    """Parameters one token passes through (N in the 6·N·tokens convention): a mixture of
+    experts counts only its ``experts_per_token`` routed experts (and the shared ones); a dense
+    model, all of them."""
+    if m.kind == "mlp":
+        return mlp_params(m)
+    n_moe = moe_layer_count(m)
+    layers = (m.num_layers - n_moe) * dense_layer_params(m) + n_moe * moe_layer_params(
+        m, routed=m.experts_per_token
+    )
+    return layers + embedding_params(m) + head_params(m)
+
+
+def _op(flops, nbytes, kernels, tensor=True, role=None) -> OpClass:
     return OpClass(
         flops=jnp.asarray(flops, _F),
         bytes=jnp.asarray(nbytes, _F),
         kernels=jnp.asarray(kernels, _F),
         tensor=tensor,
+        role=role or ("linear" if tensor else "vector"),
     )
 
 
+def attention_causal_factor(m: ModelSpec, fused_attention) -> Float[Array, ""]:
+    """Share of the ``s²`` score work a kernel does: a fused causal kernel skips the masked
+    upper triangle (about half: Dao et al. 2022, FlashAttention-2 §3.1.1); an unfused one
+    computes the whole square and masks it."""
+    return jnp.where((fused_attention > 0) & (m.causal > 0), 0.5, 1.0)
+
+
 def layer_forward_ops(
-    m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes, fused_attention=0.0
+    m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes, fused_attention=0.0, cp=1.0
 ) -> LayerOps:
-    """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``).
+    """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``,
+    context parallel ``cp``).
 
     Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
     dropouts and residuals are replicated unless ``sequence_parallel`` (Korthikanti et al.
     2022 §4.2.2). Their traffic is 10 reads/writes of ``b·s·h`` (two layer norms and two fused
-    bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an MLP, this is the average linear layer plus its ReLU.
+    bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an
+    MLP, this is the average linear layer plus its ReLU. Projections follow
+    :func:`attention_shape` (grouped-query or latent attention); the MLP is the dense one
+    (``ffn_hidden_size``; an MoE layer's experts are :func:`perfmodel.moe.moe_forward_ops`).
+    With ``cp`` ranks, each holds ``s/cp`` queries (load-balanced causal chunks) and attends to
+    all ``s`` keys, so every per-token op divides by ``cp``.
 
     With ``fused_attention`` (FlashAttention) the score tensor never reaches memory: attention
     reads Q, K, V and writes its output in one kernel, and the softmax, mask and dropout happen
-    inside it (no separate kernels, no traffic; their few non-matmul FLOPs are not counted).
+    inside it (no separate kernels, no traffic; their few non-matmul FLOPs are not counted); a
+    causal fused kernel does half the score work (:func:`attention_causal_factor`).
     """
     B, t, b = act_bytes, tp, micro_batch
     rep = jnp.where(sequence_parallel > 0, t, 1.0)
@@ -372,7 +552,7 @@ def layer_forward_ops(
         zero = _op(0.0, 0.0, 0.0)
         return LayerOps(
             qkv=zero,
-            attention=zero,
+            attention=_op(0.0, 0.0, 0.0, role="attention"),
             softmax=_op(0.0, 0.0, 0.0, tensor=False),
             proj=zero,
             mlp=_op(2.0 * T * w / t, B * (T * io + w) / t, 1.0),
@@ -380,19 +560,33 @@ def layer_forward_ops(
         )
     h, s, f, g = m.hidden_size, m.seq_len, m.ffn_hidden_size, 1.0 + m.gated_mlp
     a = m.num_heads
-    T = b * s
-    qo = _qkv_out(m)
-    scores = b * (a / t) * s * s  # elements of the attention-score tensor per device
+    att = attention_shape(m)
+    T = b * s / cp  # this rank's tokens
+    scores = b * (a / t) * (s / cp) * s  # elements of the attention-score tensor per device
     unfused = jnp.where(fused_attention > 0, 0.0, 1.0)
+    causal = attention_causal_factor(m, fused_attention)
+    qkv_out = att.q_dim + att.kv_exchanged
     return LayerOps(
-        qkv=_op(2.0 * T * h * qo / t, B * (T * h + h * qo / t + T * qo / t), 1.0),
+        qkv=_op(
+            2.0 * T * att.proj_params / t,
+            B * (T * h + att.proj_params / t + T * qkv_out / t),
+            1.0,
+        ),
         attention=_op(
-            4.0 * T * s * h / t, B * (4.0 * T * h / t + 2.0 * scores * unfused), 1.0 + unfused
+            2.0 * T * s * (att.q_dim + att.v_dim) / t * causal,
+            B * (T * (att.q_dim + att.v_dim) / t + b * s * att.kv_exchanged / t)
+            + B * 2.0 * scores * unfused,
+            1.0 + unfused,
+            role="attention",
         ),
         softmax=_op(
             5.0 * scores * unfused, B * 5.0 * scores * unfused, 2.0 * unfused, tensor=False
         ),
-        proj=_op(2.0 * T * h * h / t, B * (T * h / t + h * h / t + T * h), 1.0),
+        proj=_op(
+            2.0 * T * att.out_params / t,
+            B * (T * att.v_dim / t + att.out_params / t + T * h),
+            1.0,
+        ),
         mlp=_op(
             2.0 * T * h * f * (g + 1.0) / t,
             B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t),
@@ -407,7 +601,7 @@ def layer_forward_ops(
     )
 
 
-def logits_forward_ops(m: ModelSpec, micro_batch, tp, act_bytes) -> tuple[OpClass, OpClass]:
+def logits_forward_ops(m: ModelSpec, micro_batch, tp, act_bytes, cp=1.0) -> tuple[OpClass, OpClass]:
     """Output-layer matmul and the (fp32) cross-entropy kernels for one microbatch.
 
     The vocabulary is split over ``tp`` (Megatron's vocab-parallel cross entropy). An MLP has
@@ -415,8 +609,8 @@ def logits_forward_ops(m: ModelSpec, micro_batch, tp, act_bytes) -> tuple[OpClas
     """
     if m.kind == "mlp":
         return _op(0.0, 0.0, 0.0), _op(0.0, 0.0, 0.0, tensor=False)
-    T, h, V, t = micro_batch * m.seq_len, m.hidden_size, m.vocab_size, tp
-    matmul = _op(2.0 * T * h * V / t, act_bytes * (T * h + h * V / t + T * V / t), 1.0)
+    T, h, V, t = micro_batch * m.seq_len / cp, m.hidden_size, m.vocab_size, tp
+    matmul = _op(2.0 * T * h * V / t, act_bytes * (T * h + h * V / t + T * V / t), 1.0, role="gemm")
     xent = _op(5.0 * T * V / t, 4.0 * 3.0 * T * V / t, 3.0, tensor=False)
     return matmul, xent
 
@@ -442,9 +636,10 @@ def gpt_training_flops(m: ModelSpec, global_batch, recompute_full) -> Float[Arra
 
 
 def model_flops_per_step(m: ModelSpec, global_batch) -> Float[Array, ""]:
-    """Model FLOPs of one step in the 6·N·tokens convention (for MFU)."""
+    """Model FLOPs of one step in the 6·N·tokens convention (for MFU), N the active parameters
+    (:func:`active_params`: a mixture of experts counts only the experts a token visits)."""
     tokens = global_batch * (m.seq_len if m.kind == "transformer" else 1.0)
-    return 6.0 * total_params(m) * tokens
+    return 6.0 * active_params(m) * tokens
 
 
 def tokens_per_sample(m: ModelSpec) -> Float[Array, ""]:

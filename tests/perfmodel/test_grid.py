@@ -19,7 +19,7 @@ from perfmodel import gpt_training_flops, load_hardware, load_model, make_strate
 from perfmodel import search as srch
 from perfmodel.grid import enumerate_strategies
 from perfmodel.step_time import evaluate_grid
-from perfmodel.strategy import KNOBS, RECOMPUTE, SCHEDULES
+from perfmodel.strategy import KNOB_DEFAULTS, KNOBS, RECOMPUTE, SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[2]
 A100 = load_hardware("a100-80gb")
@@ -77,7 +77,11 @@ def test_enumeration_equals_brute_force_loop():
         gpus_per_node=gpn,
         fused_attention=[False, True],
     )
-    rows = {tuple(int(x) for x in r) for r in np.stack([g.columns[k] for k in KNOBS], axis=1)}
+    # the knobs the loops above cross (the MoE/CP/FSDP knobs stay at their defaults here)
+    crossed = KNOBS[: KNOBS.index("gpus_per_node") + 1]
+    rows = {tuple(int(x) for x in r) for r in np.stack([g.columns[k] for k in crossed], axis=1)}
+    for k, v in KNOB_DEFAULTS.items():
+        assert np.all(g.columns[k] == v), k
     assert len(rows) == len(g), "the grid has duplicate strategies"
     assert rows == _brute_force(L, heads, heads, N, G, gpn)
 
@@ -201,7 +205,9 @@ def test_sharded_over_four_devices_equals_unsharded(tmp_path):
     g = g.take(np.arange(4 * (len(g) // 4) - 1))
     assert int(sharded["n"]) == len(g) and len(g) % 4
     out = evaluate_grid(GPT3.spec, A100.spec, A100.constants, g.strategy())
-    np.testing.assert_array_equal(sharded["step"], np.asarray(out.step_time_s))
+    # the same function on the same rows; XLA may fuse the sharded program differently, so
+    # float32 results agree to rounding (a few ulps), not bit for bit
+    np.testing.assert_allclose(sharded["step"], np.asarray(out.step_time_s), rtol=1e-6)
     np.testing.assert_array_equal(sharded["mem"], np.asarray(out.memory_per_device_bytes))
     np.testing.assert_array_equal(sharded["feas"], np.asarray(out.feasible))
     r = srch.search(GPT3.spec, A100.spec, A100.constants, g, k=5)
@@ -222,7 +228,9 @@ def test_gpt3_175b_on_1024_a100_against_narayanan_sc21():
     on the same paper's Table 1, the paper's strategy comes within 8% and the best at +25%
     (tests/calibration/test_narayanan2021.py).
     """
-    g = _grid_175b(recompute=["full"])
+    # the paper compares PTD-P layouts (ZeRO-3 at this scale is a near tie in the model, as
+    # PyTorch FSDP's 2023 measurements of GPT-175B suggest; the paper's 2021 ZeRO-3 was slower)
+    g = _grid_175b(recompute=["full"], zero=[0, 1])
     r = srch.search(GPT3.spec, A100.spec, A100.constants, g, k=1)
     best = r.top.iloc[0]
     assert best["tp"] <= 8 and best["pp"] > 1

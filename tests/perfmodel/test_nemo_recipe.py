@@ -43,9 +43,20 @@ RECIPE = dict(
 )
 
 
+# NVIDIA's H100 runs overlap the tensor-parallel collectives with the GEMMs (Transformer
+# Engine's userbuffers, NeMo's ``ub_tp_comm_overlap``); without it tp 2 beats tp 4 on H100
+OVERLAP = {"a100-80gb": False, "h100-sxm": True}
+
+
+def _with_overlap(grid, hardware):
+    grid.columns["tp_overlap"][:] = float(OVERLAP[hardware])
+    return grid
+
+
 @pytest.mark.parametrize("hardware, slack", [("a100-80gb", 0.02), ("h100-sxm", 0.04)])
 def test_the_grid_finds_nvidias_recipe(hardware, slack):
     hw = load_hardware(hardware)
+    recipe = {**RECIPE, "tp_overlap": OVERLAP[hardware]}
     s = GPT3.spec
     grid = enumerate_strategies(
         num_layers=int(s.num_layers),
@@ -56,20 +67,21 @@ def test_the_grid_finds_nvidias_recipe(hardware, slack):
         gpus_per_node=8,
         recompute=["selective"],
     )
+    grid = _with_overlap(grid, hardware)
     best = srch.search(s, hw.spec, hw.constants, grid, k=1).top.iloc[0]
     # the recipe's layout: tp 4 within a node, pp 8, interleaved, SP, sharded optimizer states
     assert (best["dp"], best["tp"], best["pp"]) == (32, 4, 8)
     assert best["schedule"] == "interleaved" and bool(best["sequence_parallel"])
     assert best["zero_stage"] == 1
     # the recipe itself (v 12, micro-batch 1) fits and is within a few % of the best
-    out = step_time(s, hw.spec, hw.constants, make_strategy(**RECIPE))
+    out = step_time(s, hw.spec, hw.constants, make_strategy(**recipe))
     assert bool(out.fits_memory)
     assert float(out.step_time_s) <= float(best["step_time_s"]) * (
         1 + slack
     )  # measured: 1.5%, 3.5%
     # and the paper's tp 8, pp 16 layout, with the same features, is slower than the recipe
     paper = make_strategy(
-        **{**RECIPE, "dp": 8, "tp": 8, "pp": 16, "num_microbatches": 256, "interleave": 6}
+        **{**recipe, "dp": 8, "tp": 8, "pp": 16, "num_microbatches": 256, "interleave": 6}
     )
     assert float(step_time(s, hw.spec, hw.constants, paper).step_time_s) > float(out.step_time_s)
 
@@ -78,7 +90,7 @@ def test_the_grid_finds_nvidias_recipe(hardware, slack):
 def test_the_2024_recipe_needs_fused_attention(hardware, slack):
     hw = load_hardware(hardware)
     s = GPT3.spec
-    now = {**RECIPE, "recompute": "none"}
+    now = {**RECIPE, "recompute": "none", "tp_overlap": OVERLAP[hardware]}
     fused = step_time(s, hw.spec, hw.constants, make_strategy(**now, fused_attention=True))
     unfused = step_time(s, hw.spec, hw.constants, make_strategy(**now))
     assert bool(fused.fits_memory) and not bool(unfused.fits_memory)
@@ -92,6 +104,7 @@ def test_the_2024_recipe_needs_fused_attention(hardware, slack):
         recompute=["none"],
         fused_attention=[True],
     )
+    grid = _with_overlap(grid, hardware)
     best = srch.search(s, hw.spec, hw.constants, grid, k=1).top.iloc[0]
     assert (best["tp"], best["pp"], best["schedule"]) == (4, 8, "interleaved")
     assert float(fused.step_time_s) <= float(best["step_time_s"]) * (
