@@ -1,0 +1,296 @@
+"""Issue 15's formulas by hand on small cases, and the invariants the issue names.
+
+Each check builds a tiny model with :func:`perfmodel.workload.model_from_dict` so the numbers can
+be followed with a pencil: MoE parameters and FLOPs (only activated experts count), expert
+parallelism sharding the expert states, context parallelism dividing activations and adding a
+ring exchange, FSDP/HSDP traffic, FP8 GEMMs on linear layers only and MFU against the BF16 peak,
+fp32 gradient reduction, uneven pipeline stages, and the hierarchical all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from perfmodel import collectives as coll
+from perfmodel import load_hardware, make_strategy, step_time
+from perfmodel.memory import (
+    end_stage_layers,
+    memory_per_device,
+    stage_params_split,
+)
+from perfmodel.strategy import KNOB_DEFAULTS, stack_strategies
+from perfmodel.workload import (
+    active_params,
+    attention_shape,
+    layer_forward_ops,
+    model_flops_per_step,
+    model_from_dict,
+    total_params,
+)
+
+H100 = load_hardware("h100-sxm")
+STEP = jax.jit(step_time)
+
+DENSE = dict(
+    kind="transformer",
+    num_layers=4,
+    hidden_size=256,
+    num_heads=8,
+    num_kv_heads=2,
+    ffn_hidden_size=512,
+    seq_len=1024,
+    vocab_size=1000,
+    gated_mlp=True,
+    tied_embeddings=False,
+    learned_pos_emb=False,
+    bias=False,
+    dropout=False,
+)
+MOE = dict(DENSE, num_experts=8, experts_per_token=2, moe_ffn_hidden_size=128, shared_experts=1)
+
+
+def _m(**kw):
+    return model_from_dict(dict(DENSE, **kw), "test").spec
+
+
+def _moe(**kw):
+    return model_from_dict(dict(MOE, **kw), "test").spec
+
+
+def test_moe_parameters_and_model_flops_count_only_active_experts():
+    m = _moe()
+    h, fe = 256, 128
+    attn = h * (8 * 32 + 2 * 2 * 32) + 8 * 32 * h  # q, k, v (GQA, head 32) and out
+    expert = 3 * h * fe  # gated: gate, up, down
+    layer_all = attn + 2 * h + h * 8 + (8 + 1) * expert
+    layer_active = attn + 2 * h + h * 8 + (2 + 1) * expert
+    emb = 1000 * h * 2 + h  # input, untied head, final norm
+    assert float(total_params(m)) == pytest.approx(4 * layer_all + emb)
+    assert float(active_params(m)) == pytest.approx(4 * layer_active + emb)
+    assert float(model_flops_per_step(m, 3.0)) == pytest.approx(
+        6 * (4 * layer_active + emb) * 3 * 1024
+    )
+
+
+def test_dense_layers_come_first_and_are_dense():
+    m = _moe(dense_layers=1)
+    h = 256
+    attn = h * (8 * 32 + 2 * 2 * 32) + 8 * 32 * h
+    dense = attn + 2 * h + 3 * h * 512
+    moe = attn + 2 * h + h * 8 + 9 * 3 * h * 128
+    assert float(total_params(m)) == pytest.approx(dense + 3 * moe + 1000 * h * 2 + h)
+
+
+def test_latent_attention_shape_by_hand():
+    m = _m(
+        num_heads=4,
+        num_kv_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+    )
+    att = attention_shape(m)
+    h = 256
+    assert float(att.q_dim) == 4 * 48 and float(att.v_dim) == 4 * 32
+    q = h * 64 + 64 * 4 * 48
+    kv = h * (32 + 16) + 32 * 4 * (32 + 32)
+    assert float(att.proj_params) == q + kv
+    assert float(att.out_params) == 4 * 32 * h
+
+
+def test_expert_parallel_shards_expert_states_and_never_adds_memory():
+    m = _moe()
+    base = dict(dp=8, micro_batch_size=1, num_microbatches=1, gpus_per_node=8)
+    mems = []
+    for ep in (1, 2, 4, 8):
+        s = make_strategy(**base, ep=ep)
+        dense, experts = stage_params_split(m, s)
+        assert float(experts) == pytest.approx(4 * 8 * 3 * 256 * 128 / ep)
+        mems.append(float(memory_per_device(m, s).total_bytes))
+    assert all(b <= a for a, b in zip(mems, mems[1:], strict=False))
+
+
+def test_context_parallel_divides_activations_and_adds_a_ring():
+    m = _m(seq_len=8192)
+    acts = []
+    for cp in (1, 2, 4, 8):
+        s = make_strategy(dp=1, cp=cp, fused_attention=True, gpus_per_node=8)
+        acts.append(float(memory_per_device(m, s).activations_bytes))
+    assert acts[1] == pytest.approx(acts[0] / 2, rel=1e-5)
+    assert all(b <= a for a, b in zip(acts, acts[1:], strict=False))
+    # forward FLOPs per rank of the attention core: a quarter of the causal square over cp=2
+    one = layer_forward_ops(m, 1.0, 1.0, 0.0, 2.0, 1.0, 1.0)
+    two = layer_forward_ops(m, 1.0, 1.0, 0.0, 2.0, 1.0, 2.0)
+    assert float(two.attention.flops) == pytest.approx(float(one.attention.flops) / 2)
+    # the ring: (cp-1) sends of this rank's K/V chunk, exposed only beyond the attention time
+    out = STEP(m, H100.spec, H100.constants, make_strategy(cp=2, fused_attention=True))
+    assert float(out.cp_comm_s) >= 0.0
+
+
+def test_fsdp_gathers_per_microbatch_and_hsdp_adds_a_replica_all_reduce():
+    m = _m()
+    c, hw = H100.constants, H100.spec
+    knobs = dict(dp=16, micro_batch_size=1, num_microbatches=2, zero_stage=3, dp_overlap=False)
+    knobs |= dict(grad_reduce_fp32=False, gpus_per_node=8)
+    fsdp = STEP(m, hw, c, make_strategy(**knobs))
+    # HSDP with shards of 8 (one node): gathers stay on NVLink, plus one all-reduce of the
+    # gradient shard across the 2 replicas over InfiniBand
+    hsdp = STEP(m, hw, c, make_strategy(**knobs, shard_size=8))
+    p = float(total_params(m))
+    a0, b0 = (
+        float(c.link_latency_s[0]),
+        float(hw.link_bandwidth_bytes_per_s[0] * c.link_bandwidth_efficiency[0]),
+    )
+    a1, b1 = (
+        float(c.link_latency_s[1]),
+        float(hw.link_bandwidth_bytes_per_s[1] * c.link_bandwidth_efficiency[1]),
+    )
+    ring8 = 7 * a0 + 7 / 8 * 2 * p / b0
+    # per microbatch: gather fwd + gather bwd + reduce-scatter = 3 rings of 8, 2 microbatches
+    replica = min(2 * a1 + 2 * 0.5 * (2 * p / 8) / b1, 2 * a1 + 2 * (2 * p / 8) / b1)
+    assert float(hsdp.dp_comm_total_s) == pytest.approx(6 * ring8 + replica, rel=1e-4)
+    assert float(
+        memory_per_device(m, make_strategy(**knobs, shard_size=8)).optimizer_bytes
+    ) == pytest.approx(12 * p / 8, rel=1e-5)
+    # no reshard after forward: one gather per microbatch fewer, the whole model held gathered
+    keep = make_strategy(**knobs, fsdp_reshard=False)
+    assert float(STEP(m, hw, c, keep).dp_comm_total_s) < float(fsdp.dp_comm_total_s)
+    assert float(memory_per_device(m, keep).weights_bytes) > float(
+        memory_per_device(m, make_strategy(**knobs)).weights_bytes
+    )
+
+
+def test_fp8_runs_linear_layers_only_and_mfu_stays_against_bf16():
+    m = model_from_dict(
+        dict(
+            DENSE,
+            num_layers=8,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            ffn_hidden_size=14336,
+            seq_len=8192,
+            vocab_size=128256,
+        ),
+        "llama-ish",
+    ).spec
+    knobs = dict(dp=8, micro_batch_size=1, num_microbatches=4, fused_attention=True, zero_stage=1)
+    bf16 = STEP(m, H100.spec, H100.constants, make_strategy(**knobs, dtype="bf16"))
+    fp8 = STEP(m, H100.spec, H100.constants, make_strategy(**knobs, dtype="fp8"))
+    speedup = float(bf16.step_time_s) / float(fp8.step_time_s)
+    # faster, but far from the 2x of the peaks: attention, logits and norms stay 16-bit, and
+    # every GEMM input is cast
+    assert 1.0 < speedup < 1.6
+    # MFU against the BF16 peak: the same model FLOPs over a shorter step is a higher MFU
+    assert float(fp8.mfu) == pytest.approx(float(bf16.mfu) * speedup, rel=1e-5)
+    # FP8 keeps an extra 1-byte weight copy
+    mb = memory_per_device(m, make_strategy(**knobs, dtype="bf16"))
+    mf = memory_per_device(m, make_strategy(**knobs, dtype="fp8"))
+    assert float(mf.weights_bytes - mb.weights_bytes) == pytest.approx(
+        float(total_params(m)), rel=1e-5
+    )
+
+
+def test_fp8_never_slows_a_gemm_bound_step():
+    for h in (1024, 2048, 4096, 8192):
+        m = model_from_dict(
+            dict(
+                DENSE,
+                hidden_size=h,
+                num_heads=h // 128,
+                num_kv_heads=8,
+                ffn_hidden_size=4 * h,
+                seq_len=4096,
+            ),
+            "x",
+        ).spec
+        k = dict(dp=1, micro_batch_size=4, fused_attention=True)
+        b = STEP(m, H100.spec, H100.constants, make_strategy(**k, dtype="bf16"))
+        f = STEP(m, H100.spec, H100.constants, make_strategy(**k, dtype="fp8"))
+        assert float(f.compute_s) <= float(b.compute_s)
+
+
+def test_gradients_reduced_in_fp32_double_the_zero0_traffic():
+    m = _m()
+    k = dict(dp=8, micro_batch_size=1, dp_overlap=False, gpus_per_node=8)
+    a = STEP(m, H100.spec, H100.constants, make_strategy(**k, grad_reduce_fp32=False))
+    b = STEP(m, H100.spec, H100.constants, make_strategy(**k))  # bf16: fp32 by default
+    alpha = 14 * float(H100.constants.link_latency_s[0])
+    assert float(b.dp_comm_total_s) - alpha == pytest.approx(
+        2 * (float(a.dp_comm_total_s) - alpha), rel=1e-4
+    )
+
+
+def test_uneven_pipeline_stages_as_megatron_core_splits_them():
+    m = model_from_dict(dict(DENSE, num_layers=94), "qwen-depth").spec
+    first, last = end_stage_layers(m, make_strategy(pp=8))
+    assert (float(first), float(last)) == (11.0, 11.0)  # 11 + 6·12 + 11 = 94
+    m61 = model_from_dict(dict(DENSE, num_layers=61), "dsv3-depth").spec
+    first, last = end_stage_layers(m61, make_strategy(pp=16))
+    assert float(first) + 14 * 4 + float(last) == 61
+    out = STEP(m61, H100.spec, H100.constants, make_strategy(pp=16, num_microbatches=16))
+    assert bool(out.valid)
+
+
+def test_hierarchical_all_reduce_by_hand_and_flat_when_one_rank_per_node():
+    intra, inter = (1e-6, 300e9), (5e-6, 40e9)
+    p, n, k = 32, 1e9, 4
+    want = (3 * 1e-6 + 3 / 4 * n / 300e9) * 2 + min(
+        2 * 7 * 5e-6 + 2 * 7 / 8 * (n / 4) / 40e9, 2 * 3 * 5e-6 + 2 * (n / 4) / 40e9
+    )
+    assert float(coll.hierarchical_all_reduce_s(p, n, k, intra, inter)) == pytest.approx(
+        want, rel=1e-6
+    )
+    flat = float(coll.hierarchical_all_reduce_s(p, n, 1.0, intra, inter))
+    assert flat == pytest.approx(float(coll.nccl_all_reduce_s(p, n, *inter)), rel=1e-6)
+
+
+def test_invalid_moe_and_cp_layouts_are_masked_with_finite_numbers():
+    m = _moe()
+    bad = [
+        make_strategy(dp=2, ep=3),  # 3 does not divide 8 experts
+        make_strategy(dp=2, ep=4),  # ep·etp = 4 does not divide tp·cp·dp = 2
+        make_strategy(dp=2, shard_size=2),  # HSDP without ZeRO-3
+    ]
+    for s in bad:
+        out = STEP(m, H100.spec, H100.constants, s)
+        assert not bool(out.valid) and np.isfinite(float(out.step_time_s))
+    dense = _m()
+    assert not bool(STEP(dense, H100.spec, H100.constants, make_strategy(dp=2, ep=2)).valid)
+    assert not bool(STEP(_m(seq_len=1000), H100.spec, H100.constants, make_strategy(cp=16)).valid)
+
+
+def test_grid_of_new_knobs_equals_one_by_one():
+    from perfmodel.step_time import evaluate_grid
+
+    m = _moe()
+    rows = [
+        dict(dp=4, tp=2, cp=1, ep=8, zero_stage=1, dtype=2.0),
+        dict(dp=2, tp=2, cp=2, ep=4, zero_stage=3, shard_size=2.0, dtype=4.0),
+        dict(dp=8, tp=1, cp=1, ep=2, moe_imbalance=1.3, moe_dispatch=1.0, dtype=2.0),
+        dict(dp=4, tp=1, cp=2, ep=8, cp_comm=1.0, moe_overlap=1.0, tp_overlap=1.0, dtype=4.0),
+    ]
+    base = dict(pp=1.0, micro_batch_size=1.0, num_microbatches=2.0, interleave=1.0, schedule=1.0,
+                zero_stage=0.0, recompute=0.0, sequence_parallel=0.0, dp_overlap=1.0,
+                fused_attention=1.0, gpus_per_node=8.0)  # fmt: skip
+    cols = {
+        k: np.asarray([float(r.get(k, base.get(k, KNOB_DEFAULTS.get(k, 0.0)))) for r in rows])
+        for k in set(base) | {k for r in rows for k in r}
+    }
+    grid = stack_strategies(cols)
+    out = evaluate_grid(m, H100.spec, H100.constants, grid)
+    for i, r in enumerate(rows):
+        one = jax.tree.map(lambda x, i=i: x[i], grid)
+        ref = STEP(m, H100.spec, H100.constants, one)
+        assert float(out.step_time_s[i]) == pytest.approx(float(ref.step_time_s), rel=1e-6)
+        assert float(out.memory_per_device_bytes[i]) == pytest.approx(
+            float(ref.memory_per_device_bytes), rel=1e-6
+        )
+        assert bool(out.valid[i]), r
+    assert dataclasses.is_dataclass(grid)
