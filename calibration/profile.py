@@ -16,6 +16,7 @@ come from the hardware preset. Collaboration profiles (``aisim collab fit``) add
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
       AisimError: the file is missing or unreadable, not JSON, or not a profile (``source`` is
         the path).
     """
-    path = Path(path)
+    path = stack_profile_path(path)
     doc = read_json(path, what="profile file")
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
         raise bad_value(
@@ -45,6 +46,29 @@ def read_profile(path: str | Path) -> dict[str, Any]:
             hint="a calibration fit writes one",
         )
     return doc
+
+
+def stack_profile_path(name: str | Path) -> Path:
+    """A ``--profile`` argument as a file: the path itself when it exists, else the shipped
+    stack profile ``perfmodel/profiles/stacks/NAME.json`` (``megatron-core-h100``, ...).
+
+    Raises:
+      AisimError: neither a file nor a shipped stack profile (names the shipped ones).
+    """
+    p = Path(name)
+    if p.exists() or p.suffix == ".json" or len(p.parts) > 1:
+        return p  # a file (read_json reports a missing one)
+    stacks = Path(str(resources.files("perfmodel") / "profiles" / "stacks"))
+    cand = stacks / f"{p.name}.json"
+    if cand.exists():
+        return cand
+    shipped = sorted(q.stem for q in stacks.glob("*.json")) if stacks.is_dir() else []
+    raise AisimError(
+        source=str(name),
+        field="profile",
+        value=str(name),
+        expected="a profile JSON file or a shipped stack profile: " + ", ".join(shipped),
+    )
 
 
 def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profile") -> Constants:
