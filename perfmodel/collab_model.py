@@ -34,12 +34,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel import collectives as coll
-from perfmodel.choices import Recompute, Schedule, ZeroStage
+from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.roofline import op_time_s
 from perfmodel.step_time import step_time
-from perfmodel.strategy import ACT_BYTES, Strategy
+from perfmodel.strategy import ACT_BYTES, KNOB_DEFAULTS, Strategy
 from perfmodel.workload import ModelSpec, OpClass, tokens_per_sample, total_params
 
 MODES = ("fedavg", "data-parallel", "pipeline")
@@ -180,6 +180,10 @@ def _local_strategy(site: Site, pp, num_microbatches, gpus_per_node) -> Strategy
         dp_overlap=one,
         fused_attention=0.0 * one,
         gpus_per_node=gpus_per_node,
+        grad_reduce_fp32=jnp.where(
+            (site.dtype == Dtype.BF16) | (site.dtype == Dtype.FP8), 1.0, 0.0
+        ).astype(jnp.float32),
+        **{k: jnp.asarray(v, jnp.float32) for k, v in KNOB_DEFAULTS.items()},
     )
 
 
