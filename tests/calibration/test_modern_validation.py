@@ -1,0 +1,183 @@
+"""Issue 15's accuracy on public measurements of modern runs (calibration/data/modern_runs.csv).
+
+The bounds are the errors achieved when the shipped presets and stack profiles were fitted,
+rounded up a little (docs/validation.md, "Modern runs"), so a change to the step model that
+makes them worse fails here. The holdout file is not used: it is evaluated once, in the docs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.modern import (
+    MAIN_CSV,
+    cp_ratios,
+    evaluate_runs,
+    fit_stack_profile,
+    fp8_ratios,
+    load_modern_runs,
+    megatron_flops,
+)
+from calibration.profile import load_profile_constants, stack_profile_path
+from perfmodel import load_hardware
+from perfmodel.workload import model_from_dict
+from simbase.errors import AisimError
+
+MEGATRON = ("megatron-core", "nemo", "megatron-bridge")
+# measured runs the model still calls out of memory (docs/validation.md says why): the
+# activation/weight accounting is too heavy for them. An xfail below asserts they all fit.
+KNOWN_INFEASIBLE = {
+    "nemotron4-340b h100-sxm x128 tp/pp/cp/ep=8/8/1/1 s4K bf16 nemo",
+    "nemotron4-340b h100-sxm x128 tp/pp/cp/ep=8/8/1/1 s4K fp8 nemo",
+    "llama3-70b h100-sxm x64 tp/pp/cp/ep=4/8/1/1 s8K fp8 megatron-bridge",
+    "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K bf16 torchtitan",
+    "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
+    "llama3-8b h100-sxm x128 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
+}
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    runs, skipped = load_modern_runs(MAIN_CSV)
+    return runs, skipped, evaluate_runs(runs)
+
+
+def _mae(df: pd.DataFrame) -> float:
+    return float(df.error_pct.abs().mean())
+
+
+def test_only_rows_without_a_model_preset_are_skipped(evaluated):
+    runs, skipped, _ = evaluated
+    assert len(runs) + len(skipped) == len(pd.read_csv(MAIN_CSV))
+    assert all(why.startswith("no model preset") for _, why in skipped)
+    assert len(runs) >= 56
+
+
+def test_megatron_flops_by_hand():
+    # 12·B·s·L·h²·((1 + g/n + s/h) + ffn/h + V/(2·L·h)) for B=2, s=8, L=2, h=4, MHA, ffn 16, V 32
+    m = model_from_dict(
+        dict(num_layers=2, hidden_size=4, num_heads=2, ffn_hidden_size=16, seq_len=8, vocab_size=32)
+    )
+    hand = 12 * 2 * 8 * 2 * 16 * ((1 + 1 + 2) + 4 + 32 / 16)
+    assert megatron_flops(m, 2) == pytest.approx(hand)
+
+
+def test_weak_scaling_seconds_reproduce_the_published_mfu(evaluated):
+    # S1 publishes TFLOP/s and MFU = TFLOP/s / 989: seconds from Megatron's formula, turned back
+    # into TFLOP/s, give the MFU column (41% for the 1.7B row, 49% for 6144 GPUs)
+    runs, _, _ = evaluated
+    df = pd.read_csv(MAIN_CSV)
+    for r in runs:
+        if r.seconds_from.startswith("tflops") and r.framework == "megatron-core":
+            row = df.iloc[r.row - 2]
+            gbs, gpus = int(row.global_batch_size), int(row.num_gpus)
+            tflops = megatron_flops(r.model, gbs) / (r.measured_step_s * gpus) / 1e12
+            assert round(100 * tflops / 989) == pytest.approx(row.mfu_pct, abs=1)
+
+
+def test_tokens_per_s_rows_match_their_derived_step_times(evaluated):
+    runs, _, _ = evaluated
+    df = pd.read_csv(MAIN_CSV)
+    both = df.step_time_s.notna() & df.tokens_per_s_per_gpu.notna()
+    for _, row in df[both].iterrows():
+        secs = row.global_batch_size * row.seq_len / (row.tokens_per_s_per_gpu * row.num_gpus)
+        assert secs == pytest.approx(row.step_time_s, rel=1e-3)
+
+
+def test_dense_megatron_h100_uncalibrated_within_6_5_pct(evaluated):
+    # issue 15's target is 10% mean absolute error; 5.7% was achieved
+    _, _, df = evaluated
+    sel = df[
+        (df["stack"] == "megatron-core") & (df["hardware"] == "h100-sxm") & (df["group"] == "dense")
+    ]
+    assert len(sel) >= 30
+    assert _mae(sel) < 6.5
+
+
+def test_moe_megatron_h100_uncalibrated_within_19_pct(evaluated):
+    # target 20%; Grok-1 BF16/FP8 (the only MoE rows with a model) are 15% and 20% fast
+    _, _, df = evaluated
+    sel = df[
+        (df["stack"] == "megatron-core") & (df["hardware"] == "h100-sxm") & (df["group"] == "moe")
+    ]
+    assert len(sel) >= 2
+    assert _mae(sel) < 19.0
+
+
+def test_b200_dense_uncalibrated_within_5_pct(evaluated):
+    _, _, df = evaluated
+    sel = df[(df["hardware"] == "b200") & (df["group"] == "dense")]
+    assert len(sel) >= 2
+    assert _mae(sel) < 5.0
+
+
+def test_fp8_speedups(evaluated):
+    # target: within 10% of the measured ratio. Every Megatron-family pair is; of torchtitan's,
+    # the 8B TP 8 async-TP pair is not (predicted 1.03x, measured 1.16x: FP8 cast kernels
+    # outweigh the smaller GEMMs in the model at TP 8 on an 8B model)
+    runs, _, df = evaluated
+    r = fp8_ratios(runs, df.predicted_s.to_numpy())
+    assert len(r) >= 13
+    meg = r[r.pair.str.contains("nemo|megatron")]
+    assert (meg.error_pct.abs() < 10.0).all()
+    assert float(r.error_pct.abs().mean()) < 6.5
+    assert int((r.error_pct.abs() >= 10.0).sum()) <= 1
+
+
+def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
+    # target 15%: NeMo's Llama 2 7B 4K-1M series is within 4%; torchtitan's 128K/256K points
+    # miss (26%, 32%) and are reported in docs/validation.md, not asserted
+    runs, _, df = evaluated
+    r = cp_ratios(runs, df.predicted_s.to_numpy())
+    nemo = r[r.series.str.contains("nemo")]
+    assert len(nemo) == 8
+    assert (nemo.error_pct.abs() < 5.0).all()
+
+
+def test_measured_runs_feasible_but_the_known_memory_misses(evaluated):
+    _, _, df = evaluated
+    infeasible = set(df.label[~df.feasible])
+    assert infeasible <= KNOWN_INFEASIBLE
+    assert df.valid.all()  # no strategy that ran is called invalid
+
+
+@pytest.mark.xfail(strict=True, reason="memory model too heavy for 6 runs (docs/validation.md)")
+def test_no_measured_run_is_predicted_infeasible(evaluated):
+    _, _, df = evaluated
+    assert df.feasible.all()
+
+
+@pytest.mark.parametrize(
+    ("name", "bound"), [("megatron-core-h100", 7.5), ("pytorch-fsdp-h100", 14.0)]
+)
+def test_shipped_stack_profiles_loo_error(name, bound):
+    path = stack_profile_path(name)
+    doc = json.loads(path.read_text())
+    assert doc["fit"]["cv_method"] == "leave-one-out"
+    loo = np.array([r["held_out_error_pct"] for r in doc["fitted_to"]])
+    assert len(loo) == doc["rows"] >= 20
+    assert float(np.mean(np.abs(loo))) == pytest.approx(doc["fit"]["cv_mape_pct"], rel=1e-6)
+    assert doc["fit"]["cv_mape_pct"] < bound
+    hw = load_hardware(doc["hardware"])
+    c = load_profile_constants(name, hw.name, hw.constants)  # --profile NAME resolves
+    assert 0.5 < float(c.matmul_efficiency_max) < 0.9
+
+
+def test_unknown_profile_name_lists_the_shipped_stacks():
+    with pytest.raises(AisimError, match="megatron-core-h100"):
+        stack_profile_path("no-such-stack")
+
+
+@pytest.mark.slow
+def test_megatron_core_profile_refits_to_its_shipped_loo():
+    runs, _ = load_modern_runs(MAIN_CSV)
+    shipped = json.loads(stack_profile_path("megatron-core-h100").read_text())
+    doc = fit_stack_profile(
+        runs, shipped["fitted"], stack="megatron-core", hardware="h100-sxm", seed=0
+    )
+    assert doc["fit"]["cv_mape_pct"] < 7.5
+    assert doc["rows"] == shipped["rows"]
