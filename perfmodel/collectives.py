@@ -202,3 +202,29 @@ def hierarchical_all_gather_s(p, n_bytes, k, intra, inter):
     a1, b1 = inter
     outer = jnp.maximum(p / k, 1.0)
     return all_gather_s(outer, n_bytes / k, a1, b1) + all_gather_s(k, n_bytes, a0, b0)
+
+
+def hierarchical_all_to_all_s(p, n_bytes, k, intra, inter):
+    """All-to-all of ``n`` bytes per rank over ``p`` ranks, ``k`` per scale-up domain: the
+    ``(k-1)/p`` share for peers in the domain crosses the fast tier and the ``(p-k)/p`` share
+    for the other domains the slow one, both at once (each GPU on its own NIC); with ``k = 1``
+    it is :func:`all_to_all_s` on the slow tier.
+
+    Args:
+      p: ranks in the group.
+      n_bytes: bytes each rank holds (n/p to every rank, itself included).
+      k: ranks of the group in one domain (:func:`ranks_per_domain`).
+      intra: ``(alpha_s, beta_bytes_per_s)`` of the scale-up tier.
+      inter: the same of the tier between domains.
+
+    Returns:
+      Seconds.
+    """
+    a0, b0 = intra
+    a1, b1 = inter
+    p = jnp.asarray(p, jnp.float32)
+    local = jnp.maximum(k - 1.0, 0.0)
+    remote = jnp.maximum(p - k, 0.0)
+    t_local = local * a0 + local / jnp.maximum(p, 1.0) * n_bytes / b0
+    t_remote = jnp.where(remote > 0, remote * a1 + remote / jnp.maximum(p, 1.0) * n_bytes / b1, 0.0)
+    return jnp.where(p > 1, jnp.maximum(t_local, t_remote), 0.0)

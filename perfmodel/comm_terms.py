@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel import collectives as coll
-from perfmodel.choices import CpComm, MoeDispatch, ZeroStage
+from perfmodel.choices import CpComm, Dtype, MoeDispatch, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import (
@@ -120,14 +120,19 @@ def moe_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_moe, full):
     All-to-all over the EP group (``ep`` ranks spanning ``ep·etp`` consecutive ranks): each
     rank sends its tokens' ``k`` copies out and gets the results back, in the forward and
     again (gradients) in the backward, four all-to-alls per layer, all scaled by the busiest
-    rank's ``moe_imbalance``; the all-gather dispatcher gathers every token of the group and
+    rank's ``moe_imbalance``; the copies bound for peers in the same NVLink domain cross
+    NVLink while the others cross the NICs at the same time
+    (:func:`~perfmodel.collectives.hierarchical_all_to_all_s`); the all-gather dispatcher gathers every token of the group and
     reduce-scatters the results instead. With ``etp > 1`` the routed tokens are also gathered
     and reduce-scattered over the expert-tensor group.
     """
     ep, etp = s.ep, s.etp
     traffic = moe_traffic(m, s.micro_batch_size, s.tp, s.cp, act_b)
     alpha, beta = links(hw, c, ep, etp, s.gpus_per_node)
-    a2a = coll.all_to_all_s(ep, traffic.dispatch_bytes * s.moe_imbalance, alpha, beta)
+    k, intra, inter = _group_links(hw, c, s, ep, etp)
+    a2a = coll.hierarchical_all_to_all_s(
+        ep, traffic.dispatch_bytes * s.moe_imbalance, k, intra, inter
+    )
     tokens_bytes = traffic.dispatch_bytes / jnp.maximum(m.experts_per_token, 1.0)
     gathered = ep * tokens_bytes
     ag = coll.all_gather_s(ep, gathered, alpha, beta) + coll.reduce_scatter_s(
@@ -180,6 +185,8 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
     mb = s.num_microbatches
     dense, experts = stage_params_split(m, s)
     w_b, _, _ = model_state_bytes_per_param(s.dtype)
+    # FP8 weights gathered in FP8 with the distributed optimizer (``--fp8-param-gather``)
+    w_b = jnp.where((s.dtype == Dtype.FP8) & (s.zero_stage >= ZeroStage.OPTIMIZER), 1.0, w_b)
     g_b = grad_bytes_per_param(s)
     partitioned = s.zero_stage >= ZeroStage.OPTIMIZER
     zero3 = s.zero_stage == ZeroStage.PARAMETERS

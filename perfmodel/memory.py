@@ -4,7 +4,8 @@ Model states with mixed-precision Adam take 2 bytes of weights, 12 of fp32 maste
 and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and reduced in fp32
 (Megatron-Core's default with bf16: 18 bytes per parameter without the distributed optimizer;
 Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. FP8 training keeps an
-extra 1-byte copy of the weights (Transformer Engine). ZeRO-1/2/3 shard the optimiser state, then
+extra 1-byte copy of the weights (Transformer Engine), or, with the distributed optimizer, the
+weights in FP8 only (Megatron-Core's ``--fp8-param-gather``). ZeRO-1/2/3 shard the optimiser state, then
 the gradients, then the weights over the data-parallel ranks (dp·cp: context-parallel ranks hold
 the same weights), or, for ZeRO-3 with a ``shard_size``, over groups of that size (HSDP). Routed
 experts are split over ep·etp ranks and their states sharded over the expert-data-parallel ranks.
@@ -272,7 +273,12 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     zero3 = z == ZeroStage.PARAMETERS
     layer_w = p / jnp.maximum(layers_per_stage(m, s), 1.0)
     gathered = jnp.where(s.fsdp_reshard > 0, 2.0 * layer_w, p) * w_b
-    fp8_copy = jnp.where(s.dtype == Dtype.FP8, 1.0, 0.0) * p  # Transformer Engine's FP8 weights
+    # FP8: Transformer Engine keeps a 1-byte FP8 copy beside the 16-bit weights; with the
+    # distributed optimizer (ZeRO >= 1) Megatron-Core and NeMo keep the weights in FP8 only
+    # (``--fp8-param-gather``), the fp32 master copy living in the optimizer state
+    fp8 = s.dtype == Dtype.FP8
+    w_b = jnp.where(fp8 & (z >= ZeroStage.OPTIMIZER), 1.0, w_b)
+    fp8_copy = jnp.where(fp8 & (z < ZeroStage.OPTIMIZER), 1.0, 0.0) * p
     weights = sharded(w_b, ZeroStage.PARAMETERS) + jnp.where(zero3, gathered, 0.0) + fp8_copy
     grads = sharded(g_b, ZeroStage.GRADIENTS)
     opt = sharded(o_b, ZeroStage.OPTIMIZER)
