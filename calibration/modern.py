@@ -267,6 +267,11 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         fused_attention=True,
         gpus_per_node=int(hw.spec.gpus_per_node),
         tp_overlap=bool(tp_overlap and tp > 1),
+        # Megatron-Bridge's MoE performance recipes overlap the EP all-to-all with the other
+        # microbatch's compute (``overlap_moe_expert_parallel_comm``, 1F1B A2A overlap)
+        moe_overlap=fw == "megatron-bridge" and _int(row, "ep", 1) > 1,
+        # its DeepSeek-V3 recipes dispatch with DeepEP (``moe_token_dispatcher_type: flex``)
+        moe_dispatch="flex" if str(_cell(row, "model")) == "deepseek-v3" else "alltoall",
         # the NeMo launcher's Apex distributed_fused_adam reduces gradients in bf16
         # (``grad_sync_dtype: bf16``); Megatron-Core's DDP default is fp32
         grad_reduce_fp32=None if fw != "nemo" else dtype == "fp32",

@@ -97,6 +97,7 @@ class MoeDispatch(Choice):
 
     ALLTOALL = 0
     ALLGATHER = 1
+    FLEX = 2  # DeepEP/HybridEP: a token crosses to each remote NVLink domain once
 
 
 class CpComm(Choice):

@@ -123,7 +123,8 @@ def moe_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_moe, full):
     rank's ``moe_imbalance``; the copies bound for peers in the same NVLink domain cross
     NVLink while the others cross the NICs at the same time
     (:func:`~perfmodel.collectives.hierarchical_all_to_all_s`); the all-gather dispatcher gathers every token of the group and
-    reduce-scatters the results instead. With ``etp > 1`` the routed tokens are also gathered
+    reduce-scatters the results instead, and the ``flex`` dispatcher (DeepEP) sends each token
+    once per remote domain (:func:`_flex_dispatch_s`). With ``etp > 1`` the routed tokens are also gathered
     and reduce-scattered over the expert-tensor group.
     """
     ep, etp = s.ep, s.etp
@@ -138,7 +139,12 @@ def moe_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_moe, full):
     ag = coll.all_gather_s(ep, gathered, alpha, beta) + coll.reduce_scatter_s(
         ep, gathered, alpha, beta
     )
-    dispatch = jnp.where(s.moe_dispatch == MoeDispatch.ALLGATHER, ag, 2.0 * a2a)
+    flex = _flex_dispatch_s(m, s, traffic.dispatch_bytes * s.moe_imbalance, k, intra, inter)
+    dispatch = jnp.where(
+        s.moe_dispatch == MoeDispatch.ALLGATHER,
+        ag,
+        2.0 * jnp.where(s.moe_dispatch == MoeDispatch.FLEX, flex, a2a),
+    )
     ea, eb = links(hw, c, etp, 1.0, s.gpus_per_node)
     etp_bytes = etp * traffic.dispatch_bytes * s.moe_imbalance
     etp_s = coll.all_gather_s(etp, etp_bytes, ea, eb) + coll.reduce_scatter_s(
@@ -146,6 +152,24 @@ def moe_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_moe, full):
     )
     per_layer = (dispatch + etp_s) * (2.0 + jnp.where(full, 1.0, 0.0))
     return n_moe * per_layer
+
+
+def _flex_dispatch_s(m: ModelSpec, s: Strategy, n_bytes, k, intra, inter):
+    """One dispatch (or combine) of DeepEP/HybridEP (Megatron-Core's ``flex`` dispatcher;
+    DeepSeek-AI 2024, arXiv:2412.19437 §3.2.2): a token is sent over the NICs once to each
+    remote NVLink domain holding one of its ``k`` experts, then forwarded over NVLink to the
+    GPUs there. With ``D`` domains in the EP group and experts spread evenly, a domain misses
+    all ``k`` picks with probability ``(1 - 1/D)^k``, so a token crosses to
+    ``(D-1)(1-(1-1/D)^k)`` remote domains instead of sending ``k(D-1)/D`` copies."""
+    a0, b0 = intra
+    a1, b1 = inter
+    domains = jnp.maximum(s.ep / k, 1.0)
+    topk = jnp.maximum(m.experts_per_token, 1.0)
+    remote = (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** topk)
+    token_bytes = n_bytes / topk  # one copy of each token
+    t_remote = jnp.where(domains > 1, (domains - 1.0) * a1 + remote * token_bytes / b1, 0.0)
+    t_local = jnp.maximum(k - 1.0, 0.0) * a0 + (k - 1.0) / jnp.maximum(k, 1.0) * n_bytes / b0
+    return jnp.where(s.ep > 1, jnp.maximum(t_local, t_remote), 0.0)
 
 
 def pp_p2p(m: ModelSpec, hw, c, s: Strategy, act_b, v):

@@ -39,13 +39,13 @@ class MoeTraffic(NamedTuple):
     routed_tokens: Float[Array, ""]  # token copies this rank's experts process
 
 
-def _op(flops, nbytes, kernels, tensor=True) -> OpClass:
+def _op(flops, nbytes, kernels, tensor=True, role=None) -> OpClass:
     return OpClass(
         flops=jnp.asarray(flops, _F),
         bytes=jnp.asarray(nbytes, _F),
         kernels=jnp.asarray(kernels, _F),
         tensor=tensor,
-        role="linear" if tensor else "vector",
+        role=role or ("linear" if tensor else "vector"),
     )
 
 

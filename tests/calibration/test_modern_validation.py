@@ -167,7 +167,7 @@ def test_no_measured_run_is_predicted_infeasible(evaluated):
 
 
 @pytest.mark.parametrize(
-    ("name", "bound"), [("megatron-core-h100", 7.5), ("pytorch-fsdp-h100", 14.0)]
+    ("name", "bound"), [("megatron-core-h100", 8.0), ("pytorch-fsdp-h100", 11.5)]
 )
 def test_shipped_stack_profiles_loo_error(name, bound):
     path = stack_profile_path(name)
@@ -194,5 +194,5 @@ def test_megatron_core_profile_refits_to_its_shipped_loo():
     doc = fit_stack_profile(
         runs, shipped["fitted"], stack="megatron-core", hardware="h100-sxm", seed=0
     )
-    assert doc["fit"]["cv_mape_pct"] < 7.5
+    assert doc["fit"]["cv_mape_pct"] < 8.0  # issue 15: within 8% on held-out rows
     assert doc["rows"] == shipped["rows"]

@@ -307,3 +307,22 @@ def test_hierarchical_all_to_all_by_hand():
     assert float(coll.hierarchical_all_to_all_s(16, n, 8.0, intra, inter)) == pytest.approx(want)
     flat = float(coll.hierarchical_all_to_all_s(16, n, 1.0, intra, inter))
     assert flat == pytest.approx(float(coll.all_to_all_s(16, n, *inter)))
+
+
+def test_flex_dispatch_sends_a_token_once_per_remote_domain():
+    """DeepEP (``--moe-dispatch flex``): EP 32 over 4 nodes of 8, top-8 routing. A token
+    reaches ``3·(1-(3/4)^8)`` remote nodes once each, where the all-to-all sends 8·24/32 = 6
+    copies over the NICs; within a node both forward over NVLink."""
+    m = _moe(num_experts=256, experts_per_token=8, seq_len=4096)
+    hw, c = H100.spec, H100.constants
+    base = dict(dp=32, ep=32, micro_batch_size=1, gpus_per_node=8)
+    a2a = STEP(m, hw, c, make_strategy(**base))
+    flex = STEP(m, hw, c, make_strategy(**base, moe_dispatch="flex"))
+    assert 0 < float(flex.ep_comm_s) < float(a2a.ep_comm_s)
+    a1 = float(c.link_latency_s[1])
+    b1 = float(hw.link_bandwidth_bytes_per_s[1] * c.link_bandwidth_efficiency[1])
+    token_bytes = 4096 * 256 * 2.0  # one copy of each of this rank's tokens, bf16
+    remote = 3 * (1 - 0.75**8)
+    one = 3 * a1 + remote * token_bytes / b1  # the NIC side dominates here
+    # 4 dispatches/combines per layer (fwd and bwd), 4 layers
+    assert float(flex.ep_comm_s) == pytest.approx(16 * one, rel=1e-4)
