@@ -250,8 +250,11 @@ def estimate(
     :func:`~perfmodel.knobs.strategy_from_knobs`, which are validated (``num_gpus``, ``tp``,
     ``pp``, ``dp``, ``global_batch``, ``micro_batch_size``, ``num_microbatches``, ``schedule``,
     ``interleave``, ``zero_stage``, ``recompute``, ``sequence_parallel``, ``dtype``,
-    ``dp_overlap``, ``fused_attention``; dp = num_gpus / (tp·pp) when omitted; ``num_gpus``
-    defaults to 8). Under ``cost_model="distir"`` tp need only be at most the number of heads,
+    ``dp_overlap``, ``fused_attention``, and today's ``cp``, ``ep``, ``etp``, ``shard_size``,
+    ``recompute_layers``, ``tp_overlap``, ``grad_reduce_fp32``, ``moe_imbalance``,
+    ``moe_dispatch``, ``moe_overlap``, ``cp_comm``, ``fsdp_reshard``; dp = num_gpus /
+    (tp·cp·pp) when omitted; ``num_gpus`` defaults to 8; the model's experts and sequence length
+    are checked against ep and cp). Under ``cost_model="distir"`` tp need only be at most the number of heads,
     as DistIR checks it.
 
     Args:
@@ -289,7 +292,8 @@ def estimate(
 def _strategy(
     m: Model, hw: Hardware, gpus_per_node: int | None, cost_model: str, knobs: dict
 ) -> Strategy:
-    """Validates the knobs of one strategy for this model and hardware."""
+    """Validates the knobs of one strategy for this model and hardware (the model's experts
+    and sequence length check ep and cp)."""
     heads, kv_heads = attention_heads(m)
     return strategy_from_knobs(
         num_layers=int(m.spec.num_layers),
@@ -297,5 +301,15 @@ def _strategy(
         num_kv_heads=kv_heads,
         gpus_per_node=gpus_per_node_of(hw, gpus_per_node),
         tp_rule="distir" if cost_model == "distir" else "divides",
-        **({"num_gpus": 8} | knobs),
+        **({"num_gpus": 8} | knobs | model_limits(m)),
+    )
+
+
+def model_limits(m: Model) -> dict[str, int | None]:
+    """What the strategy checks need to know of a model: its routed experts (``num_experts``)
+    and, for a transformer, its sequence length (``seq_len``; ``None`` for an MLP)."""
+    spec = m.spec
+    return dict(
+        num_experts=int(spec.num_experts),
+        seq_len=int(spec.seq_len) if spec.kind == "transformer" else None,
     )

@@ -15,7 +15,15 @@ import math
 
 import numpy as np
 
-from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.choices import (
+    RECOMPUTE_ALIASES,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 from perfmodel.strategy import KNOBS, Strategy, with_default_knobs
 
 Rows = dict[str, np.ndarray]
@@ -76,9 +84,9 @@ def divisors(n: int) -> np.ndarray:
 # ---------------------------------------------------------------- table operations
 
 
-def _cross(rows: Rows, name: str, values) -> Rows:
+def _cross(rows: Rows, name: str, values, dtype=np.int64) -> Rows:
     """Cartesian product of a table of rows with one axis (numpy repeat/tile, no loops)."""
-    vals = np.asarray(values, np.int64)
+    vals = np.asarray(values, dtype)
     n = len(next(iter(rows.values())))
     out = {k: np.repeat(v, len(vals)) for k, v in rows.items()}
     out[name] = np.tile(vals, n)
@@ -146,24 +154,82 @@ def _cross_node_reason(gpus_per_node: int) -> str:
     return f"tp crosses a node of {gpus_per_node} GPUs"
 
 
-def _cross_pp(rows, rejected, gpus_l, pp, tp_user, num_layers):
-    """pp: the divisors of gpus / tp (or the values asked for), at most the layers; then
-    dp = gpus / (tp·pp) must divide the global batch."""
-    pp_l, pp_user = _as_list(pp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
-    rows = _cross(rows, "pp", pp_l)
+def _cross_cp(rows, rejected, cp, seq_len):
+    """cp (default 1): dividing gpus / tp, with 2·cp dividing the sequence (each rank takes two
+    of 2·cp load-balanced causal chunks, Megatron-Core's ``get_batch_on_this_cp_rank``); an
+    MLP (``seq_len=None``) has no sequence to split."""
+    cp_l, cp_user = _as_list(cp, (1,))
+    rows = _cross(rows, "cp", cp_l)
     rows = _keep(
         rows,
-        (rows["num_gpus"] // rows["tp"]) % rows["pp"] == 0,
+        (rows["num_gpus"] // rows["tp"]) % rows["cp"] == 0,
         rejected,
-        "tp·pp does not divide the number of GPUs" if pp_user or tp_user else None,
+        "tp·cp does not divide the number of GPUs" if cp_user else None,
+    )
+    if seq_len is None:
+        ok, reason = rows["cp"] == 1, "an MLP has no sequence to split over cp ranks"
+    else:
+        ok = (rows["cp"] == 1) | (seq_len % (2 * rows["cp"]) == 0)
+        reason = f"2·cp does not divide the {seq_len}-token sequence"
+    return _keep(rows, ok, rejected, reason), cp_user
+
+
+def _cross_pp(rows, rejected, gpus_l, pp, tp_user, num_layers, cp_user=False):
+    """pp: the divisors of gpus / (tp·cp) (or the values asked for), at most the layers; then
+    dp = gpus / (tp·cp·pp) must divide the global batch."""
+    pp_l, pp_user = _as_list(pp, np.unique(np.concatenate([divisors(n) for n in gpus_l])))
+    rows = _cross(rows, "pp", pp_l)
+    names = "tp·cp·pp" if cp_user else "tp·pp"
+    rows = _keep(
+        rows,
+        (rows["num_gpus"] // (rows["tp"] * rows["cp"])) % rows["pp"] == 0,
+        rejected,
+        f"{names} does not divide the number of GPUs" if pp_user or tp_user or cp_user else None,
     )
     rows = _keep(rows, rows["pp"] <= num_layers, rejected, f"pp exceeds the {num_layers} layers")
-    rows["dp"] = rows["num_gpus"] // (rows["tp"] * rows["pp"])
+    rows["dp"] = rows["num_gpus"] // (rows["tp"] * rows["cp"] * rows["pp"])
     return _keep(
         rows,
         rows["global_batch"] % rows["dp"] == 0,
         rejected,
         "the global batch is not a multiple of dp",
+    )
+
+
+# the routed experts' default ep degrees stop here: Megatron-Core's and DeepSeek's published
+# runs use ep <= 64 (DeepSeek-V3 report §3.1: ep 64), and larger degrees only grow the grid
+MAX_DEFAULT_EP = 64
+
+
+def _cross_experts(rows, rejected, ep, etp, num_experts):
+    """ep and etp (Megatron-Core's MoE parallel folding): ep divides the routed experts and
+    ep·etp divides the tp·cp·dp ranks of a stage; a dense model has ep = etp = 1. ep defaults
+    to every divisor of the experts up to :data:`MAX_DEFAULT_EP` (1 for a dense model), etp
+    to 1."""
+    moe = num_experts > 0
+    ep_default = [int(d) for d in divisors(num_experts) if d <= MAX_DEFAULT_EP] if moe else [1]
+    ep_l, ep_user = _as_list(ep, ep_default)
+    etp_l, etp_user = _as_list(etp, (1,))
+    rows = _cross(rows, "ep", ep_l)
+    rows = _cross(rows, "etp", etp_l)
+    if not moe:
+        return _keep(
+            rows,
+            (rows["ep"] == 1) & (rows["etp"] == 1),
+            rejected,
+            "the model has no experts (ep or etp > 1)",
+        )
+    rows = _keep(
+        rows,
+        num_experts % rows["ep"] == 0,
+        rejected,
+        f"ep does not divide the {num_experts} experts",
+    )
+    return _keep(
+        rows,
+        (rows["tp"] * rows["cp"] * rows["dp"]) % (rows["ep"] * rows["etp"]) == 0,
+        rejected,
+        "ep·etp does not divide the tp·cp·dp ranks of a stage" if ep_user or etp_user else None,
     )
 
 
@@ -244,7 +310,9 @@ def _cross_memory_knobs(rows, rejected, zero, recompute, sequence_parallel):
     z_l, _ = _as_list(zero, [int(z) for z in ZeroStage])
     z_l = [int(ZeroStage.parse(z, "zero")) for z in z_l]  # in the order asked for
     rows = _cross(rows, "zero_stage", z_l)
-    rows = _keep(rows, (rows["dp"] > 1) | (rows["zero_stage"] == min(z_l)), rejected, None)
+    # ZeRO partitions over the dp·cp ranks (Megatron-Core's distributed optimizer)
+    dpc = rows["dp"] * rows["cp"]
+    rows = _keep(rows, (dpc > 1) | (rows["zero_stage"] == min(z_l)), rejected, None)
     r_l, _ = _as_list(recompute, Recompute.labels())
     r_codes = _codes(Recompute, r_l, "recompute", RECOMPUTE_ALIASES)
     rows = _cross(rows, "recompute", r_codes)
@@ -267,6 +335,77 @@ def _cross_precision(rows, rejected, dtype, supported_dtypes, dp_overlap):
         rows = _keep(rows, ok, rejected, "the dtype is not supported by the hardware")
     o_l, _ = _as_list(dp_overlap, (True,))
     return _cross(rows, "dp_overlap", _switch_codes(o_l))
+
+
+def _cross_shard(rows, rejected, shard_size):
+    """HSDP shard groups (default 0: shard over every dp·cp rank): a positive size needs
+    ZeRO-3 and divides dp·cp."""
+    sh_l, _ = _as_list(shard_size, (0,))
+    rows = _cross(rows, "shard_size", sh_l)
+    hsdp = rows["shard_size"] > 0
+    rows = _keep(
+        rows,
+        ~hsdp | (rows["zero_stage"] == ZeroStage.PARAMETERS),
+        rejected,
+        "an HSDP shard size needs ZeRO-3",
+    )
+    sh = np.maximum(rows["shard_size"], 1)
+    return _keep(
+        rows,
+        (rows["shard_size"] == 0) | ((rows["dp"] * rows["cp"]) % sh == 0),
+        rejected,
+        "the shard size does not divide dp·cp",
+    )
+
+
+def _cross_recompute_layers(rows, rejected, recompute_layers, num_layers):
+    """Layers per stage recomputed under full recomputation (default 0: all of them); a
+    positive count needs full recomputation and at most ceil(L/pp) layers."""
+    k_l, _ = _as_list(recompute_layers, (0,))
+    rows = _cross(rows, "recompute_layers", k_l)
+    part = rows["recompute_layers"] > 0
+    rows = _keep(
+        rows,
+        ~part | (rows["recompute"] == Recompute.FULL),
+        rejected,
+        "recompute_layers needs full recomputation",
+    )
+    per_stage = -(-num_layers // rows["pp"])
+    return _keep(
+        rows,
+        rows["recompute_layers"] <= per_stage,
+        rejected,
+        "recompute_layers exceeds the layers of a stage",
+    )
+
+
+def _cross_switch(rows, rejected, name, values, default, applies):
+    """An on/off (or coded) knob; where it does not apply (``applies`` false for a row) every
+    setting is the same, so only the first listed is kept."""
+    codes = sorted({int(v) for v in (default if values is None else values)})
+    rows = _cross(rows, name, codes)
+    return _keep(rows, applies(rows) | (rows[name] == codes[0]), rejected, None)
+
+
+def _cross_modern_switches(rows, rejected, switches):
+    """TP overlap (matters only when tp > 1), the MoE dispatcher and its overlap (ep > 1: with
+    ep = 1 no token leaves its rank), CP communication (cp > 1), FSDP resharding (ZeRO-3),
+    fp32 gradient reduction (crossed only when asked; otherwise the dtype's default) and the
+    MoE imbalance. ``switches`` maps each knob to (values asked for or ``None``, default)."""
+    rules = {
+        "tp_overlap": lambda r: r["tp"] > 1,
+        "moe_dispatch": lambda r: r["ep"] > 1,
+        "moe_overlap": lambda r: r["ep"] > 1,
+        "cp_comm": lambda r: r["cp"] > 1,
+        "fsdp_reshard": lambda r: r["zero_stage"] == ZeroStage.PARAMETERS,
+    }
+    for name, applies in rules.items():
+        values, default = switches[name]
+        rows = _cross_switch(rows, rejected, name, values, default, applies)
+    if switches["grad_reduce_fp32"][0] is not None:
+        rows = _cross(rows, "grad_reduce_fp32", _switch_codes(switches["grad_reduce_fp32"][0]))
+    imb_l, _ = _as_list(switches["moe_imbalance"][0], (1.0,))
+    return _cross(rows, "moe_imbalance", sorted({float(x) for x in imb_l}), np.float64)
 
 
 def _cross_fused_attention(rows, rejected, fused_attention, r_codes):
@@ -305,25 +444,52 @@ def enumerate_strategies(
     fused_attention: list[bool] | None = None,
     allow_cross_node_tp: bool = False,
     supported_dtypes: list[str] | None = None,
+    cp: list[int] | None = None,
+    ep: list[int] | None = None,
+    etp: list[int] | None = None,
+    shard_size: list[int] | None = None,
+    recompute_layers: list[int] | None = None,
+    tp_overlap: list[bool] | None = None,
+    grad_reduce_fp32: list[bool] | None = None,
+    moe_imbalance: list[float] | None = None,
+    moe_dispatch: list[str] | None = None,
+    moe_overlap: list[bool] | None = None,
+    cp_comm: list[str] | None = None,
+    fsdp_reshard: list[bool] | None = None,
+    num_experts: int = 0,
+    seq_len: int | None = None,
 ) -> StrategyGrid:
     """Every valid strategy for some GPU counts and global batches, built with numpy.
 
     The axes are crossed one at a time (``np.repeat``/``np.tile``) and each cross is filtered
     by a vectorised rule, so no Python code runs per configuration:
 
-    - dp·tp·pp = GPUs; tp divides the attention heads and the KV heads (pass the hidden size
-      for both for an MLP); tp stays within a node unless ``allow_cross_node_tp``;
+    - dp·tp·cp·pp = GPUs; tp divides the attention heads and the KV heads (pass the hidden
+      size for both for an MLP); tp stays within a node unless ``allow_cross_node_tp``;
+    - 2·cp divides ``seq_len`` (load-balanced causal chunks; an MLP has cp = 1);
     - pp up to the number of layers (uneven stages: the step model uses ``ceil(L/pp)``);
     - the global batch is a multiple of dp, and the micro-batch size divides the per-replica
       batch (``num_microbatches = global_batch / (dp·micro_batch)``);
     - the interleaved schedule needs pp > 1, v >= 2 chunks with pp·v dividing the layers and
       a number of microbatches that is a multiple of pp; other schedules have v = 1, and with
       pp = 1 only one non-interleaved schedule is kept (they are the same);
-    - ZeRO 0-3 (only the lowest listed stage when dp = 1), recompute none/selective/full,
-      sequence parallelism on/off (off only when tp = 1), the dtypes and the DP overlap.
+    - ep divides ``num_experts`` and ep·etp divides tp·cp·dp (Megatron-Core's MoE folding;
+      a dense model has ep = etp = 1);
+    - ZeRO 0-3 (only the lowest listed stage when dp·cp = 1), recompute none/selective/full,
+      sequence parallelism on/off (off only when tp = 1), the dtypes and the DP overlap;
+    - an HSDP ``shard_size`` > 0 needs ZeRO-3 and divides dp·cp; ``recompute_layers`` > 0
+      needs full recomputation and at most ceil(L/pp) layers;
+    - a switch that cannot matter for a row (TP overlap at tp = 1, the MoE dispatcher and
+      overlap at ep = 1, the CP exchange at cp = 1, resharding without ZeRO-3) keeps only its
+      first listed value.
 
     ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on;
-    ``fused_attention``: off). Schedules, recompute modes and dtypes are labels or codes of
+    ``fused_attention``: off), except the knobs of today's runs, which are not crossed unless
+    asked: ``cp``, ``etp`` 1, ``shard_size`` 0, ``recompute_layers`` 0, TP and MoE overlap
+    off, ``moe_imbalance`` 1, all-to-all dispatch, p2p CP exchange, resharding on, and
+    ``grad_reduce_fp32`` by dtype (:func:`~perfmodel.strategy.default_grad_reduce_fp32`);
+    ``ep`` is 1 for a dense model and every divisor of ``num_experts`` up to
+    :data:`MAX_DEFAULT_EP` for a MoE model. Schedules, recompute modes and dtypes are labels or codes of
     :class:`~perfmodel.choices.Schedule`, :class:`~perfmodel.choices.Recompute` and
     :class:`~perfmodel.choices.Dtype`.
 
@@ -337,6 +503,13 @@ def enumerate_strategies(
       sequence_parallel, dp_overlap, fused_attention: the switch settings to try.
       allow_cross_node_tp: let tensor-parallel groups span nodes.
       supported_dtypes: the dtypes the hardware has (others are pruned), or ``None``.
+      cp, ep, etp, shard_size, recompute_layers: the degrees and sizes to try.
+      tp_overlap, moe_overlap, fsdp_reshard, grad_reduce_fp32: the switch settings to try.
+      moe_imbalance: busiest expert rank's routed tokens over the mean (>= 1) to try.
+      moe_dispatch, cp_comm: labels or codes of :class:`~perfmodel.choices.MoeDispatch` and
+        :class:`~perfmodel.choices.CpComm` to try.
+      num_experts: the model's routed experts (0: dense).
+      seq_len: the model's sequence length in tokens (``None``: an MLP, which has cp = 1).
 
     Returns:
       A :class:`StrategyGrid`; ``rejected`` counts the pruned (dp, tp, pp) factorisations and
@@ -353,16 +526,38 @@ def enumerate_strategies(
     rows, tp_user = _cross_tp(
         rows, rejected, gpus_l, tp, num_heads, num_kv_heads, gpus_per_node, allow_cross_node_tp
     )
-    rows = _cross_pp(rows, rejected, gpus_l, pp, tp_user, L)
+    rows, cp_user = _cross_cp(rows, rejected, cp, seq_len)
+    rows = _cross_pp(rows, rejected, gpus_l, pp, tp_user, L, cp_user)
+    rows = _cross_experts(rows, rejected, ep, etp, int(num_experts))
     rows = _cross_micro_batch(rows, rejected, micro_batch)
     rows, sch_user = _cross_schedule(rows, rejected, schedule)
     rows = _cross_interleave(rows, rejected, interleave, sch_user, L)
     rows, r_codes = _cross_memory_knobs(rows, rejected, zero, recompute, sequence_parallel)
+    rows = _cross_shard(rows, rejected, shard_size)
+    rows = _cross_recompute_layers(rows, rejected, recompute_layers, L)
     rows = _cross_precision(rows, rejected, dtype, supported_dtypes, dp_overlap)
     rows = _cross_fused_attention(rows, rejected, fused_attention, r_codes)
+    switches = {
+        "tp_overlap": (_opt(tp_overlap, _switch_codes), (0,)),
+        "moe_dispatch": (
+            _opt(moe_dispatch, lambda v: _codes(MoeDispatch, v, "moe_dispatch")),
+            (0,),
+        ),
+        "moe_overlap": (_opt(moe_overlap, _switch_codes), (0,)),
+        "cp_comm": (_opt(cp_comm, lambda v: _codes(CpComm, v, "cp_comm")), (0,)),
+        "fsdp_reshard": (_opt(fsdp_reshard, _switch_codes), (1,)),
+        "grad_reduce_fp32": (grad_reduce_fp32, None),
+        "moe_imbalance": (moe_imbalance, (1.0,)),
+    }
+    rows = _cross_modern_switches(rows, rejected, switches)
     rows["gpus_per_node"] = np.full(len(rows["dp"]), gpus_per_node, np.int64)
     lifted_by = {}
     if _cross_node_reason(gpus_per_node) in rejected:
         lifted_by[_cross_node_reason(gpus_per_node)] = "allow_cross_node_tp"
     rows = with_default_knobs(rows)
     return StrategyGrid({k: rows[k].astype(np.float32) for k in KNOBS}, rejected, lifted_by)
+
+
+def _opt(values, parse):
+    """``parse(values)``, or ``None`` when nothing was asked for."""
+    return None if values is None else parse(values)

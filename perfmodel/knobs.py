@@ -10,7 +10,15 @@ CSV column) and names the source. Nothing here knows who called it.
 
 from __future__ import annotations
 
-from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.choices import (
+    RECOMPUTE_ALIASES,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 from perfmodel.strategy import Strategy, make_strategy
 from simbase.errors import AisimError, bad_value
 
@@ -45,22 +53,112 @@ def _check_tp(tp: int, num_heads: int, num_kv_heads: int, tp_rule: str) -> None:
         )
 
 
-def _derive_dp(num_gpus: int, tp: int, pp: int, dp: int | None) -> int:
-    """dp = num_gpus / (tp·pp), after checking that tp·pp divides the GPU count."""
-    if num_gpus % (tp * pp):
-        field, value = ("tp", tp) if num_gpus % tp else ("pp", pp)
+def _derive_dp(num_gpus: int, tp: int, pp: int, dp: int | None, cp: int = 1) -> int:
+    """dp = num_gpus / (tp·cp·pp), after checking that tp·cp·pp divides the GPU count
+    (Megatron-Core's rank order tp-cp-dp-pp)."""
+    model_parallel = tp * cp * pp
+    names = "tp·pp" if cp == 1 else "tp·cp·pp"
+    if num_gpus % model_parallel:
+        if num_gpus % tp:
+            field, value = "tp", tp
+        elif num_gpus % (tp * cp):
+            field, value = "cp", cp
+        else:
+            field, value = "pp", pp
+        degrees = f"{tp}·{pp}" if cp == 1 else f"{tp}·{cp}·{pp}"
         raise bad_value(
             None,
             field,
             value,
-            "tp·pp dividing the number of GPUs",
-            hint=f"tp·pp = {tp}·{pp} = {tp * pp} is not a divisor of {{num_gpus}}={num_gpus}",
+            f"{names} dividing the number of GPUs",
+            hint=f"{names} = {degrees} = {model_parallel} is not a divisor of "
+            f"{{num_gpus}}={num_gpus}",
         )
     if dp is None:
-        return num_gpus // (tp * pp)
-    if dp * tp * pp != num_gpus:
-        raise bad_value(None, "dp", dp, f"the number of GPUs / (tp·pp) = {num_gpus // (tp * pp)}")
+        return num_gpus // model_parallel
+    if dp * model_parallel != num_gpus:
+        raise bad_value(
+            None, "dp", dp, f"the number of GPUs / ({names}) = {num_gpus // model_parallel}"
+        )
     return dp
+
+
+def _check_cp(cp: int, seq_len: int | None) -> None:
+    """Load-balanced causal context parallelism cuts the sequence into 2·cp chunks, two per
+    rank (Megatron-Core's ``get_batch_on_this_cp_rank``), so 2·cp divides the sequence."""
+    if cp > 1 and seq_len is not None and seq_len % (2 * cp):
+        raise bad_value(
+            None,
+            "cp",
+            cp,
+            f"a degree with 2·cp dividing the sequence length ({seq_len} tokens): each rank "
+            "takes two of 2·cp load-balanced chunks",
+        )
+
+
+def _check_experts(ep: int, etp: int, num_experts: int, tp: int, cp: int, dp: int) -> None:
+    """Expert parallelism folds into a stage's tp·cp·dp ranks (Megatron-Core's MoE parallel
+    folding): ep divides the routed experts and ep·etp divides tp·cp·dp; a dense model has
+    ep = etp = 1."""
+    if num_experts < 1:
+        for field, val in (("ep", ep), ("etp", etp)):
+            if val != 1:
+                raise bad_value(None, field, val, "1: the model has no experts (num_experts = 0)")
+        return
+    if num_experts % ep:
+        raise bad_value(None, "ep", ep, f"a divisor of the {num_experts} routed experts")
+    ranks = tp * cp * dp
+    if ranks % (ep * etp):
+        field, value = ("ep", ep) if ranks % ep else ("etp", etp)
+        raise bad_value(
+            None,
+            field,
+            value,
+            f"ep·etp dividing the tp·cp·dp = {tp}·{cp}·{dp} = {ranks} ranks of a stage",
+            hint=f"ep·etp = {ep}·{etp} = {ep * etp}",
+        )
+
+
+def _check_shard(shard_size: int, zero: ZeroStage, dp: int, cp: int) -> None:
+    """An HSDP shard group (0 = every dp·cp rank) needs ZeRO-3 and divides dp·cp."""
+    if shard_size < 0 or int(shard_size) != shard_size:
+        raise bad_value(None, "shard_size", shard_size, "0 (all dp·cp ranks) or a positive integer")
+    if shard_size == 0:
+        return
+    if zero != ZeroStage.PARAMETERS:
+        raise bad_value(
+            None,
+            "shard_size",
+            shard_size,
+            "0 unless zero_stage is 3: only ZeRO-3/FSDP shards parameters within groups",
+        )
+    if (dp * cp) % shard_size:
+        raise bad_value(
+            None, "shard_size", shard_size, f"a divisor of dp·cp = {dp}·{cp} = {dp * cp}"
+        )
+
+
+def _check_recompute_layers(
+    recompute_layers: int, recompute: Recompute, num_layers: int, pp: int
+) -> None:
+    """Partial full recomputation (Megatron's ``--recompute-num-layers``) recomputes at most the
+    layers of the busiest stage (ceil(L/pp) with uneven stages); 0 means all of them."""
+    if recompute_layers < 0 or int(recompute_layers) != recompute_layers:
+        raise bad_value(
+            None, "recompute_layers", recompute_layers, "0 (every layer) or a positive integer"
+        )
+    if recompute_layers == 0:
+        return
+    if recompute != Recompute.FULL:
+        raise bad_value(None, "recompute_layers", recompute_layers, "0 unless recompute is full")
+    per_stage = -(-num_layers // pp)
+    if recompute_layers > per_stage:
+        raise bad_value(
+            None,
+            "recompute_layers",
+            recompute_layers,
+            f"at most the {per_stage} layers of a stage ({num_layers} layers, pp={pp})",
+        )
 
 
 def _derive_microbatches(
@@ -146,15 +244,29 @@ def strategy_from_knobs(
     fused_attention: bool = False,
     gpus_per_node: int = 8,
     tp_rule: str = "divides",
+    cp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
+    shard_size: int = 0,
+    recompute_layers: int = 0,
+    tp_overlap: bool = False,
+    grad_reduce_fp32: bool | None = None,
+    moe_imbalance: float = 1.0,
+    moe_dispatch: str | int = "alltoall",
+    moe_overlap: bool = False,
+    cp_comm: str | int = "p2p",
+    fsdp_reshard: bool = True,
+    num_experts: int = 0,
+    seq_len: int | None = None,
 ) -> Strategy:
     """Validates user knobs and builds one :class:`~perfmodel.strategy.Strategy`.
 
     Args:
       num_layers, num_heads, num_kv_heads: the model's shape (pass the hidden size as both head
         counts for an MLP, whose tensor-parallel split is over the hidden units).
-      num_gpus: devices in all; dp·tp·pp must equal it.
+      num_gpus: devices in all; dp·tp·pp·cp must equal it.
       tp, pp: tensor- and pipeline-parallel degrees.
-      dp: data-parallel degree; ``None`` derives ``num_gpus / (tp·pp)``.
+      dp: data-parallel degree; ``None`` derives ``num_gpus / (tp·cp·pp)``.
       global_batch: samples per optimiser step; ``None`` means ``dp·micro_batch_size`` (one
         microbatch), or ``dp·micro_batch_size·num_microbatches`` when that is given.
       micro_batch_size: samples per microbatch per replica.
@@ -171,6 +283,20 @@ def strategy_from_knobs(
       tp_rule: ``"divides"`` (tp divides the heads and KV heads: Megatron's attention split,
         aisim's model) or ``"distir"`` (at most the number of heads, as DistIR's GPT-2
         transform checks it).
+      cp: context-parallel degree; 2·cp divides ``seq_len`` (load-balanced causal chunks).
+      ep, etp: expert- and expert-tensor-parallel degrees; ep divides ``num_experts`` and
+        ep·etp divides tp·cp·dp (Megatron-Core's MoE parallel folding); 1 for a dense model.
+      shard_size: ZeRO-3 shard group (0: all dp·cp ranks; a divisor of dp·cp for HSDP).
+      recompute_layers: layers per stage recomputed under ``recompute="full"`` (0: all; at
+        most ceil(num_layers/pp)).
+      tp_overlap, moe_overlap, fsdp_reshard: on/off switches (see ``Strategy``).
+      grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
+        (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
+      moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.
+      moe_dispatch: a :class:`~perfmodel.choices.MoeDispatch` label or code.
+      cp_comm: a :class:`~perfmodel.choices.CpComm` label or code.
+      num_experts: the model's routed experts (0: dense), for the ep checks.
+      seq_len: the model's sequence length in tokens, for the cp check (``None``: unchecked).
 
     Returns:
       A :class:`~perfmodel.strategy.Strategy` with scalar float32 leaves.
@@ -180,15 +306,31 @@ def strategy_from_knobs(
         is expected (a ``hint`` may name other fields as ``{field}`` placeholders).
     """
     _check_positive(
-        num_gpus=num_gpus, tp=tp, pp=pp, micro_batch_size=micro_batch_size, interleave=interleave
+        num_gpus=num_gpus,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        micro_batch_size=micro_batch_size,
+        interleave=interleave,
     )
     zero = _parse_zero(zero_stage)
+    rec = Recompute.parse(recompute, "recompute", aliases=RECOMPUTE_ALIASES)
     if tp_rule not in TP_RULES:
         raise bad_value(None, "tp_rule", tp_rule, "one of " + ", ".join(TP_RULES))
     _check_tp(tp, num_heads, num_kv_heads, tp_rule)
-    dp = _derive_dp(num_gpus, tp, pp, dp)
+    _check_cp(cp, seq_len)
+    dp = _derive_dp(num_gpus, tp, pp, dp, cp)
     if pp > num_layers:
         raise bad_value(None, "pp", pp, f"at most the number of layers ({num_layers})")
+    _check_experts(ep, etp, num_experts, tp, cp, dp)
+    _check_shard(shard_size, zero, dp, cp)
+    _check_recompute_layers(recompute_layers, rec, num_layers, pp)
+    if not moe_imbalance >= 1.0:
+        raise bad_value(
+            None, "moe_imbalance", moe_imbalance, "at least 1.0 (1.0 = perfectly balanced)"
+        )
     num_microbatches = _derive_microbatches(dp, micro_batch_size, global_batch, num_microbatches)
     if schedule is None:
         schedule = Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B
@@ -203,10 +345,22 @@ def strategy_from_knobs(
         interleave=interleave,
         schedule=sched,
         zero_stage=zero,
-        recompute=Recompute.parse(recompute, "recompute", aliases=RECOMPUTE_ALIASES),
+        recompute=rec,
         sequence_parallel=sequence_parallel,
         dtype=Dtype.parse(dtype, "dtype"),
         dp_overlap=dp_overlap,
         fused_attention=fused_attention,
         gpus_per_node=gpus_per_node,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        shard_size=shard_size,
+        recompute_layers=recompute_layers,
+        tp_overlap=tp_overlap,
+        grad_reduce_fp32=grad_reduce_fp32,
+        moe_imbalance=moe_imbalance,
+        moe_dispatch=MoeDispatch.parse(moe_dispatch, "moe_dispatch"),
+        moe_overlap=moe_overlap,
+        cp_comm=CpComm.parse(cp_comm, "cp_comm"),
+        fsdp_reshard=fsdp_reshard,
     )

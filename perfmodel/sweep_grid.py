@@ -15,11 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
-from perfmodel.estimate import attention_heads
+from perfmodel.choices import (
+    RECOMPUTE_ALIASES,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
+from perfmodel.estimate import attention_heads, model_limits
 from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
 from perfmodel.hardware import Hardware
-from perfmodel.strategy import KNOBS
+from perfmodel.strategy import KNOBS, with_default_knobs
 from perfmodel.workload import Model
 from simbase.errors import bad_value
 
@@ -36,7 +44,22 @@ GRID_KNOBS = (
     "dtype",
     "dp_overlap",
     "fused_attention",
+    "cp",
+    "ep",
+    "etp",
+    "shard_size",
+    "recompute_layers",
+    "tp_overlap",
+    "grad_reduce_fp32",
+    "moe_imbalance",
+    "moe_dispatch",
+    "moe_overlap",
+    "cp_comm",
+    "fsdp_reshard",
 )
+# knobs that take integers (>= 1, or >= 0 for the sizes where 0 means "all")
+_POSITIVE = ("tp", "pp", "micro_batch", "interleave", "cp", "ep", "etp")
+_NON_NEGATIVE = ("shard_size", "recompute_layers")
 
 
 def positive_list(values: int | Sequence[int], field: str) -> list[int]:
@@ -61,8 +84,22 @@ def normalise_knobs(knobs: dict[str, Sequence[Any] | None]) -> dict[str, list | 
         if values is None:
             continue
         values = list(values)
-        if k in ("tp", "pp", "micro_batch", "interleave"):
+        if k in _POSITIVE:
             values = positive_list(values, k)
+        elif k in _NON_NEGATIVE:
+            for v in values:
+                if int(v) != v or v < 0:
+                    raise bad_value(None, k, v, "non-negative integers (0 = the default)")
+            values = [int(v) for v in values]
+        elif k == "moe_imbalance":
+            for v in values:
+                if not float(v) >= 1.0:
+                    raise bad_value(None, k, v, "ratios of at least 1.0 (1.0 = balanced)")
+            values = [float(v) for v in values]
+        elif k == "moe_dispatch":
+            values = [MoeDispatch.parse(v, k) for v in values]
+        elif k == "cp_comm":
+            values = [CpComm.parse(v, k) for v in values]
         elif k == "zero":
             for z in values:
                 if z not in tuple(ZeroStage):
@@ -74,7 +111,7 @@ def normalise_knobs(knobs: dict[str, Sequence[Any] | None]) -> dict[str, list | 
             values = [Recompute.parse(v, "recompute", aliases=RECOMPUTE_ALIASES) for v in values]
         elif k == "dtype":
             values = [Dtype.parse(v, "dtype") for v in values]
-        else:  # sequence_parallel, dp_overlap, fused_attention: on/off
+        else:  # sequence_parallel, dp_overlap, fused_attention and the other on/off switches
             values = [bool(v) for v in values]
         out[k] = values or None
     return out
@@ -98,6 +135,7 @@ def pair_grid(
     heads, kv_heads = attention_heads(model)
     supported = [d.label for d in Dtype if float(hw.spec.peak_flops_per_s[int(d)]) > 0]
     return enumerate_strategies(
+        **model_limits(model),
         num_layers=int(model.spec.num_layers),
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -112,7 +150,7 @@ def pair_grid(
 
 def _plain(value: Any) -> Any:
     """A named choice as its label (what enumerate_strategies reads), other values unchanged."""
-    if isinstance(value, Schedule | Recompute | Dtype):
+    if isinstance(value, Schedule | Recompute | Dtype | MoeDispatch | CpComm):
         return value.label
     return int(value) if isinstance(value, ZeroStage) else value
 
@@ -138,7 +176,10 @@ def distir_grid(
     knob; the knobs DistIR does not sweep stay at their defaults."""
     from perfmodel.distir import distir_grid_columns
 
-    fixed = {k: float(v) for k, v in _DISTIR_FIXED.items()} | {"gpus_per_node": gpus_per_node}
+    # today's knobs (cp, ep, ...) at their defaults: DistIR's grid has none of them
+    defaults = with_default_knobs({"dtype": np.asarray([float(Dtype.BF16)], np.float32)})
+    fixed = {k: float(v[0]) for k, v in defaults.items()}
+    fixed |= {k: float(v) for k, v in _DISTIR_FIXED.items()} | {"gpus_per_node": gpus_per_node}
     parts = []
     for n in num_gpus:
         for b in global_batch:
