@@ -56,7 +56,8 @@ def objective(
     Args:
       raw: the free entries' raw values (see :class:`Parameterization`).
       param: maps raw values to constants; its :meth:`~Parameterization.init` is the prior's centre.
-      groups, order: the rows (``RowBatch.groups`` and ``RowBatch.order``).
+      groups: the rows' groups (``RowBatch.groups``).
+      order: the rows' order (``RowBatch.order``).
       log_measured_s: ``log`` of the measured seconds per step, shape ``(n,)``.
       weights: per-row weight, shape ``(n,)`` (0 leaves a row out).
     """

@@ -185,9 +185,12 @@ def client_time_s(
 
     Args:
       local_flops: FLOPs of the client's local training this round.
-      down_bytes, up_bytes: bytes of the model (and control variates) moved each way.
+      down_bytes: bytes of the model (and control variates) sent to the client.
+      up_bytes: bytes of the update (and control variates) sent back.
       flops_per_s: the device's training speed.
-      downlink_bytes_per_s, uplink_bytes_per_s, latency_s: the link (α = latency, β = rate).
+      downlink_bytes_per_s: the link's rate towards the client (β).
+      uplink_bytes_per_s: the link's rate from the client (β).
+      latency_s: the link's latency (α).
       serialize_bytes_per_s: the rate of (de)serialising the payload.
     """
     return ClientTime(

@@ -116,13 +116,19 @@ def scenario_from_text(
     Args:
       clients: participants (sites).
       client_hardware: hardware preset names (or ``.json`` files) per client.
-      devices, batch_size, local_samples, local_steps: per client, positive integers (``60k``).
-        ``local_steps`` ``None``: one epoch of ``local_samples`` per round.
-      wan_bandwidth, wan_up, wan_down: WAN line rates per client (``1Gbps``); up and down
-        default to ``wan_bandwidth``.
+      devices: devices per client, positive integers.
+      batch_size: samples per device per local step, positive integers.
+      local_samples: training samples per client, positive integers (``60k``).
+      local_steps: optimiser steps per round; ``None``: one epoch of ``local_samples``.
+      wan_bandwidth: WAN line rate per client, both ways (``1Gbps``).
+      wan_up: WAN rate towards the aggregator; ``None``: ``wan_bandwidth``.
+      wan_down: WAN rate from the aggregator; ``None``: ``wan_bandwidth``.
       wan_latency_ms: one-way WAN latency (milliseconds); ``None``: the preset's.
-      mode, topology, compression, topk_fraction, num_microbatches: see
-        :func:`perfmodel.collab_scenario.make_setup`.
+      mode: ``fedavg``, ``data-parallel`` or ``pipeline``.
+      topology: ``server`` or ``ring``.
+      compression: ``none``, ``fp16``, ``int8`` or ``topk`` (of the exchanged values).
+      topk_fraction: the fraction of values kept by ``topk``.
+      num_microbatches: microbatches per step in ``pipeline`` mode.
       aggregator_hardware: the parameter server's preset.
       dtype: compute dtype at the sites.
       serde_format: one of :data:`perfmodel.SERDE_FORMATS` (its default throughputs).

@@ -76,9 +76,13 @@ def resolve_model(
       model_file: a model JSON file (the schema of ``perfmodel/profiles/models``).
       params: a parameter count such as ``"60M"`` (a square MLP).
       widths: MLP layer widths, ``[784, 200, 200, 10]`` or ``"784,200,200,10"``.
-      num_layers, hidden_size, num_heads, num_kv_heads, ffn_hidden_size, seq_len, vocab_size:
-        dimensions that override the chosen model's (all but the last two are required for
-        ``"custom"``).
+      num_layers: transformer layers (overrides the model's; required for ``"custom"``).
+      hidden_size: hidden size (overrides; required for ``"custom"``).
+      num_heads: attention heads (overrides; required for ``"custom"``).
+      num_kv_heads: key/value heads (overrides; required for ``"custom"``).
+      ffn_hidden_size: MLP hidden size (overrides; required for ``"custom"``).
+      seq_len: sequence length in tokens (overrides the model's).
+      vocab_size: vocabulary size (overrides the model's).
 
     Returns:
       The :class:`Model`.

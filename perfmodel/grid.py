@@ -494,20 +494,37 @@ def enumerate_strategies(
     :class:`~perfmodel.choices.Dtype`.
 
     Args:
-      num_layers, num_heads, num_kv_heads: the model's shape (an MLP: its layers, and its
-        hidden size as both head counts).
-      num_gpus, global_batch: the sweep points (one value or several; every pair is searched).
+      num_layers: the model's layers.
+      num_heads: the model's attention heads (an MLP: its hidden size).
+      num_kv_heads: the model's key/value heads (an MLP: its hidden size).
+      num_gpus: device counts to sweep (one or several; every pair with a batch is searched).
+      global_batch: samples per optimiser step to sweep (one or several).
       gpus_per_node: devices per node (tp stays within one unless ``allow_cross_node_tp``).
-      tp, pp, micro_batch, interleave, zero: the values to try (``None``: all that can work).
-      schedule, recompute, dtype: labels or codes to try.
-      sequence_parallel, dp_overlap, fused_attention: the switch settings to try.
+      tp: tensor-parallel degrees to try (``None``: all that can work).
+      pp: pipeline-parallel degrees to try (``None``: all that can work).
+      micro_batch: microbatch sizes to try (``None``: all that can work).
+      interleave: model chunks per device to try (``None``: all that can work).
+      zero: ZeRO stages to try (``None``: all).
+      schedule: schedule labels or codes to try.
+      recompute: recompute labels or codes to try.
+      dtype: dtype labels or codes to try.
+      sequence_parallel: sequence-parallel settings to try.
+      dp_overlap: DP-overlap settings to try.
+      fused_attention: fused-attention settings to try.
       allow_cross_node_tp: let tensor-parallel groups span nodes.
       supported_dtypes: the dtypes the hardware has (others are pruned), or ``None``.
-      cp, ep, etp, shard_size, recompute_layers: the degrees and sizes to try.
-      tp_overlap, moe_overlap, fsdp_reshard, grad_reduce_fp32: the switch settings to try.
+      cp: context-parallel degrees to try.
+      ep: expert-parallel degrees to try.
+      etp: expert tensor-parallel degrees to try.
+      shard_size: ZeRO-3 shard group sizes to try (0: all dp·cp ranks).
+      recompute_layers: recomputed layers per stage to try (0: all).
+      tp_overlap: TP-overlap settings to try.
+      moe_overlap: MoE dispatch-overlap settings to try.
+      fsdp_reshard: reshard-after-forward settings to try.
+      grad_reduce_fp32: fp32 gradient-reduction settings to try.
       moe_imbalance: busiest expert rank's routed tokens over the mean (>= 1) to try.
-      moe_dispatch, cp_comm: labels or codes of :class:`~perfmodel.choices.MoeDispatch` and
-        :class:`~perfmodel.choices.CpComm` to try.
+      moe_dispatch: :class:`~perfmodel.choices.MoeDispatch` labels or codes to try.
+      cp_comm: :class:`~perfmodel.choices.CpComm` labels or codes to try.
       num_experts: the model's routed experts (0: dense).
       seq_len: the model's sequence length in tokens (``None``: an MLP, which has cp = 1).
 

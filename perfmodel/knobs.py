@@ -262,10 +262,13 @@ def strategy_from_knobs(
     """Validates user knobs and builds one :class:`~perfmodel.strategy.Strategy`.
 
     Args:
-      num_layers, num_heads, num_kv_heads: the model's shape (pass the hidden size as both head
-        counts for an MLP, whose tensor-parallel split is over the hidden units).
+      num_layers: the model's layers.
+      num_heads: the model's attention heads (an MLP: its hidden size, since its
+        tensor-parallel split is over the hidden units).
+      num_kv_heads: the model's key/value heads (an MLP: its hidden size).
       num_gpus: devices in all; dp·tp·pp·cp must equal it.
-      tp, pp: tensor- and pipeline-parallel degrees.
+      tp: tensor-parallel degree.
+      pp: pipeline-parallel degree.
       dp: data-parallel degree; ``None`` derives ``num_gpus / (tp·cp·pp)``.
       global_batch: samples per optimiser step; ``None`` means ``dp·micro_batch_size`` (one
         microbatch), or ``dp·micro_batch_size·num_microbatches`` when that is given.
@@ -277,19 +280,24 @@ def strategy_from_knobs(
       zero_stage: 0-3 (Rajbhandari et al. 2020).
       recompute: a :class:`~perfmodel.choices.Recompute` label (``yes``/``no`` mean full/none)
         or code (Korthikanti et al. 2022).
-      sequence_parallel, dp_overlap, fused_attention: on/off switches (see ``Strategy``).
+      sequence_parallel: shard norms and dropouts over tp (see ``Strategy``).
+      dp_overlap: overlap the DP gradient reduction with the backward pass.
+      fused_attention: a fused attention kernel (FlashAttention).
       dtype: a :class:`~perfmodel.choices.Dtype` label or code.
       gpus_per_node: devices that share the intra-node tier.
       tp_rule: ``"divides"`` (tp divides the heads and KV heads: Megatron's attention split,
         aisim's model) or ``"distir"`` (at most the number of heads, as DistIR's GPT-2
         transform checks it).
       cp: context-parallel degree; 2·cp divides ``seq_len`` (load-balanced causal chunks).
-      ep, etp: expert- and expert-tensor-parallel degrees; ep divides ``num_experts`` and
-        ep·etp divides tp·cp·dp (Megatron-Core's MoE parallel folding); 1 for a dense model.
+      ep: expert-parallel degree; divides ``num_experts``, 1 for a dense model.
+      etp: expert tensor-parallel degree; ep·etp divides tp·cp·dp (Megatron-Core's MoE
+        parallel folding).
       shard_size: ZeRO-3 shard group (0: all dp·cp ranks; a divisor of dp·cp for HSDP).
       recompute_layers: layers per stage recomputed under ``recompute="full"`` (0: all; at
         most ceil(num_layers/pp)).
-      tp_overlap, moe_overlap, fsdp_reshard: on/off switches (see ``Strategy``).
+      tp_overlap: overlap tensor-parallel collectives with the GEMMs.
+      moe_overlap: overlap the MoE token dispatch and combine with compute.
+      fsdp_reshard: free gathered parameters after the forward (FSDP's default).
       grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
         (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
       moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.

@@ -252,12 +252,18 @@ def plan_sweep(
     cheapest hardware are :func:`perfmodel.sweep`'s.
 
     Args:
-      models, hardware: as for :func:`perfmodel.sweep` (hardware names or :class:`Hardware`).
+      models: model presets or :class:`Model` s, as for :func:`perfmodel.sweep`.
+      hardware: hardware presets or :class:`Hardware`, as for :func:`perfmodel.sweep`.
       tokens: tokens to train on (None: rank only, no plan fields).
       rank_by: ``time``, ``cost``, ``energy``, or a ranking of :func:`perfmodel.sweep`.
       price_per_gpu_hour_usd: replaces every hardware's price (default: each preset's).
-      utilisation_factor, pue: the energy assumptions (defaults in ``profiles/planning.json``).
-      top, keep_all, **sweep_args: passed to :func:`perfmodel.sweep`.
+      utilisation_factor: average power drawn while training over the board rating, in
+        (0, 1] (default in ``profiles/planning.json``).
+      pue: the data centre's power usage effectiveness, >= 1 (default in
+        ``profiles/planning.json``).
+      top: how many of the best strategies to keep (:func:`perfmodel.sweep`).
+      keep_all: also return every feasible strategy (:func:`perfmodel.sweep`).
+      **sweep_args: passed to :func:`perfmodel.sweep`.
 
     Raises:
       AisimError: a bad option (field ``rank_by``, ``tokens``, ``price_per_gpu_hour_usd``,

@@ -217,7 +217,9 @@ def search(
     Pareto front, counts): only those rows are transferred to the host.
 
     Args:
-      m, hw, c: model, hardware spec and constants.
+      m: the model spec.
+      hw: the hardware spec.
+      c: the constants.
       grid: the strategies (:func:`perfmodel.grid.enumerate_strategies`).
       step_fn: the one-strategy cost model (default :func:`perfmodel.step_time.step_time`).
       k: how many of the best strategies to keep.
@@ -304,7 +306,9 @@ def feasible_frame(
     """Every feasible strategy of a grid with its full breakdown (a results file's rows).
 
     Args:
-      m, hw, c: model, hardware spec and constants.
+      m: the model spec.
+      hw: the hardware spec.
+      c: the constants.
       grid: the strategies.
       step_fn: the one-strategy cost model (default :func:`perfmodel.step_time.step_time`).
 

@@ -187,7 +187,10 @@ def prediction_intervals(
     """The interval of each prediction in :data:`INTERVAL_KEYS` of one strategy.
 
     Args:
-      m, hw, c, s: model spec, hardware spec, the profile's constants and one strategy.
+      m: the model spec.
+      hw: the hardware spec.
+      c: the profile's constants.
+      s: one strategy.
       cov: the profile's :class:`ConstantsCovariance`.
       level: the interval's probability.
       step_fn: the cost model's one-strategy step function.
