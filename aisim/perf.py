@@ -10,6 +10,22 @@ from rich.table import Table
 
 from aisim.common import resolve_constants
 from aisim.console import console, flag_names, guard, print_json
+from aisim.perf_knobs import FLAGS as KNOB_FLAGS
+from aisim.perf_knobs import (
+    CpCommOpt,
+    CpOpt,
+    EpOpt,
+    EtpOpt,
+    GradReduceOpt,
+    MoeDispatchOpt,
+    MoeImbalanceOpt,
+    MoeOverlapOpt,
+    RecomputeLayersOpt,
+    ReshardOpt,
+    ShardSizeOpt,
+    TpOverlapOpt,
+    estimate_knobs,
+)
 from aisim.perf_planning import (
     PLAN_FLAGS,
     PlanOptions,
@@ -63,14 +79,17 @@ CostModelOpt = Annotated[
 
 
 # library parameter -> option, where the option is not --<name-with-dashes>
-FLAGS = flag_names(
-    num_gpus="--gpus",
-    micro_batch_size="--micro-batch",
-    zero_stage="--zero",
-    num_layers="--layers",
-    hidden_size="--hidden",
-    num_heads="--heads",
-    vocab_size="--vocab",
+FLAGS = (
+    flag_names(
+        num_gpus="--gpus",
+        micro_batch_size="--micro-batch",
+        zero_stage="--zero",
+        num_layers="--layers",
+        hidden_size="--hidden",
+        num_heads="--heads",
+        vocab_size="--vocab",
+    )
+    | KNOB_FLAGS
 )
 
 
@@ -105,11 +124,13 @@ def estimate_one(
     cost_model: str = "aisim",
     plan: PlanOptions | None = None,
     sensitivity: bool = False,
+    knobs: dict | None = None,
 ) -> dict:
     """The ``aisim perf estimate --json`` document of one strategy, from the command's options
     (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
     :data:`FLAGS` maps to these options; ``sensitivity`` adds the block of
-    :func:`aisim.perf_sensitivity.sensitivity_fields`)."""
+    :func:`aisim.perf_sensitivity.sensitivity_fields`; ``knobs``: today's knobs,
+    :func:`aisim.perf_knobs.estimate_knobs`)."""
     m = resolve_model(
         model,
         model_file=model_file,
@@ -142,6 +163,7 @@ def estimate_one(
         dtype=dtype,
         dp_overlap=dp_overlap,
         fused_attention=fused_attention,
+        **(knobs or {}),
     )
     doc = result.to_dict()
     if plan is not None:
@@ -217,6 +239,18 @@ def estimate(
             help="A fused attention kernel (FlashAttention): no s x s scores stored or written.",
         ),
     ] = False,
+    cp: CpOpt = 1,
+    ep: EpOpt = 1,
+    etp: EtpOpt = 1,
+    shard_size: ShardSizeOpt = 0,
+    recompute_layers: RecomputeLayersOpt = 0,
+    tp_overlap: TpOverlapOpt = False,
+    grad_reduce_dtype: GradReduceOpt = "auto",
+    moe_imbalance: MoeImbalanceOpt = 1.0,
+    moe_dispatch: MoeDispatchOpt = "alltoall",
+    moe_overlap: MoeOverlapOpt = False,
+    cp_comm: CpCommOpt = "p2p",
+    reshard_after_forward: ReshardOpt = True,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
     tokens: TokensOpt = None,
@@ -262,6 +296,20 @@ def estimate(
             cost_model=cost_model,
             plan=planned,
             sensitivity=sensitivity,
+            knobs=estimate_knobs(
+                cp=cp,
+                ep=ep,
+                etp=etp,
+                shard_size=shard_size,
+                recompute_layers=recompute_layers,
+                tp_overlap=tp_overlap,
+                grad_reduce_dtype=grad_reduce_dtype,
+                moe_imbalance=moe_imbalance,
+                moe_dispatch=moe_dispatch,
+                moe_overlap=moe_overlap,
+                cp_comm=cp_comm,
+                reshard_after_forward=reshard_after_forward,
+            ),
         )
         if json_out:
             print_json(doc)
@@ -280,6 +328,10 @@ def print_estimate(doc: dict) -> None:
         f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
         f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']}"
         + (" fused-attention" if doc.get("fused_attention") else "")
+        + "".join(f" {k}={doc[k]}" for k in ("cp", "ep", "etp") if doc.get(k, 1) > 1)
+        + (f" shard={doc['shard_size']}" if doc.get("shard_size") else "")
+        + (f" recompute-layers={doc['recompute_layers']}" if doc.get("recompute_layers") else "")
+        + (" tp-overlap" if doc.get("tp_overlap") else "")
         + f" [{doc['cost_model']}]"
     )
     console.print(title, highlight=False)

@@ -28,6 +28,22 @@ from aisim.console import (
     print_json,
     print_table,
 )
+from aisim.perf_knobs import FLAGS as KNOB_FLAGS
+from aisim.perf_knobs import (
+    GridCpCommOpt,
+    GridCpOpt,
+    GridEpOpt,
+    GridEtpOpt,
+    GridGradReduceOpt,
+    GridMoeDispatchOpt,
+    GridMoeImbalanceOpt,
+    GridMoeOverlapOpt,
+    GridRecomputeLayersOpt,
+    GridReshardOpt,
+    GridShardSizeOpt,
+    GridTpOverlapOpt,
+)
+from aisim.perf_knobs import grid_knobs as modern_grid_knobs
 from aisim.perf_planning import (
     PLAN_FLAGS,
     PlanOptions,
@@ -57,12 +73,15 @@ from simbase.parse import bool_word, parse_int_list, split_list
 
 Multi = list[str] | None
 # library parameter -> this command's option, where the option is not --<name-with-dashes>
-FLAGS = flag_names(
-    num_gpus="--gpus",
-    num_layers="--layers",
-    hidden_size="--hidden",
-    num_heads="--heads",
-    vocab_size="--vocab",
+FLAGS = (
+    flag_names(
+        num_gpus="--gpus",
+        num_layers="--layers",
+        hidden_size="--hidden",
+        num_heads="--heads",
+        vocab_size="--vocab",
+    )
+    | KNOB_FLAGS
 )
 # the knob options that take on/off/both
 ON_OFF = ("sequence_parallel", "dp_overlap", "fused_attention")
@@ -192,6 +211,23 @@ POINT_HEADERS = {
 }
 
 
+def _term_cells(breakdown: dict) -> list[str]:
+    """The breakdown terms of one row in seconds, the largest (the term that dominates the
+    step) in bold."""
+    top = max(BREAKDOWN_TERMS, key=lambda k: breakdown[k])
+    return [
+        f"[bold]{_sec(breakdown[k])}[/bold]" if k == top else _sec(breakdown[k])
+        for k in BREAKDOWN_TERMS
+    ]
+
+
+def _drop_order(rows: list[dict]) -> list[str]:
+    """:data:`TOP_DROP` with the terms that are zero in every row first: a dense model's ep
+    column goes before its dp column, a MoE model keeps ep longer than its zero cp."""
+    zero = [TERM_HEADERS[k] for k in BREAKDOWN_TERMS if all(r["breakdown"][k] == 0 for r in rows)]
+    return zero + [h for h in TOP_DROP if h not in zero]
+
+
 def _varying(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
     """The keys whose value differs between rows (the columns worth showing)."""
     return [k for k in keys if len({r[k] for r in rows}) > 1]
@@ -212,7 +248,7 @@ def top_table(doc: dict, *, wide: bool = False):
         cells.append(
             [str(r[k]) for k in varying]
             + [str(i), strategy_label(r)]
-            + [_sec(r["breakdown"][k]) for k in BREAKDOWN_TERMS]
+            + _term_cells(r["breakdown"])
             + [
                 _sec(r["step_time_s"]),
                 f"{r['tokens_per_s']:.4g}",
@@ -223,12 +259,13 @@ def top_table(doc: dict, *, wide: bool = False):
         )
     title = (
         f"top {len(rows)} of {doc['feasible']} feasible strategies ({doc['evaluated']} evaluated "
-        f"in {doc['seconds']:.2f} s, cost model {rows[0]['cost_model']}); times in seconds per step"
+        f"in {doc['seconds']:.2f} s, cost model {rows[0]['cost_model']}); times in seconds per "
+        "step, the largest term of each in bold"
     )
     return fitted_table(
         headers,
         cells,
-        drop=TOP_DROP,
+        drop=_drop_order(rows),
         left=("model", "hardware", "strategy"),
         wide=wide,
         title=title,
@@ -406,6 +443,18 @@ def grid_command(
             help="A fused attention kernel (FlashAttention) that keeps no s x s scores: on, off or both (default off).",
         ),
     ] = None,
+    cp: GridCpOpt = None,
+    ep: GridEpOpt = None,
+    etp: GridEtpOpt = None,
+    shard_size: GridShardSizeOpt = None,
+    recompute_layers: GridRecomputeLayersOpt = None,
+    tp_overlap: GridTpOverlapOpt = None,
+    grad_reduce_dtype: GridGradReduceOpt = None,
+    moe_imbalance: GridMoeImbalanceOpt = None,
+    moe_dispatch: GridMoeDispatchOpt = None,
+    moe_overlap: GridMoeOverlapOpt = None,
+    cp_comm: GridCpCommOpt = None,
+    reshard_after_forward: GridReshardOpt = None,
     allow_cross_node_tp: Annotated[
         bool, typer.Option("--allow-cross-node-tp", help="Let tp span nodes.")
     ] = False,
@@ -467,6 +516,19 @@ def grid_command(
             dtype=dtype,
             dp_overlap=dp_overlap,
             fused_attention=fused_attention,
+        ) | modern_grid_knobs(
+            cp=cp,
+            ep=ep,
+            etp=etp,
+            shard_size=shard_size,
+            recompute_layers=recompute_layers,
+            tp_overlap=tp_overlap,
+            grad_reduce_dtype=grad_reduce_dtype,
+            moe_imbalance=moe_imbalance,
+            moe_dispatch=moe_dispatch,
+            moe_overlap=moe_overlap,
+            cp_comm=cp_comm,
+            reshard_after_forward=reshard_after_forward,
         )
         models = [
             resolve_model(

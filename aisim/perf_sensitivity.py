@@ -18,6 +18,22 @@ from rich.table import Table
 
 from aisim.common import resolve_constants
 from aisim.console import check_out_suffix, console, flag_names, guard, print_json
+from aisim.perf_knobs import FLAGS as KNOB_FLAGS
+from aisim.perf_knobs import (
+    CpCommOpt,
+    CpOpt,
+    EpOpt,
+    EtpOpt,
+    GradReduceOpt,
+    MoeDispatchOpt,
+    MoeImbalanceOpt,
+    MoeOverlapOpt,
+    RecomputeLayersOpt,
+    ReshardOpt,
+    ShardSizeOpt,
+    TpOverlapOpt,
+    estimate_knobs,
+)
 from perfmodel import (
     Constants,
     Estimate,
@@ -43,7 +59,10 @@ SensitivityOpt = Annotated[
 ]
 # the hardware file's field paths (the other elasticities are the constants')
 HARDWARE_PREFIXES = ("peak_tflops.", "memory_bandwidth", "memory_capacity", "links.")
-FLAGS = flag_names(num_gpus="--gpus", micro_batch_size="--micro-batch", zero_stage="--zero")
+FLAGS = (
+    flag_names(num_gpus="--gpus", micro_batch_size="--micro-batch", zero_stage="--zero")
+    | KNOB_FLAGS
+)
 # a grid row's knob -> perfmodel.estimate's parameter
 ROW_KNOBS = {
     "num_gpus": "num_gpus",
@@ -59,6 +78,18 @@ ROW_KNOBS = {
     "dtype": "dtype",
     "dp_overlap": "dp_overlap",
     "fused_attention": "fused_attention",
+    "cp": "cp",
+    "ep": "ep",
+    "etp": "etp",
+    "shard_size": "shard_size",
+    "recompute_layers": "recompute_layers",
+    "tp_overlap": "tp_overlap",
+    "grad_reduce_fp32": "grad_reduce_fp32",
+    "moe_imbalance": "moe_imbalance",
+    "moe_dispatch": "moe_dispatch",
+    "moe_overlap": "moe_overlap",
+    "cp_comm": "cp_comm",
+    "fsdp_reshard": "fsdp_reshard",
 }
 
 
@@ -78,7 +109,7 @@ def row_estimate(row: dict[str, Any], m: Model, hw: Hardware, constants: Constan
         constants=constants,
         cost_model=row["cost_model"],
         gpus_per_node=row.get("gpus_per_node"),
-        **{ROW_KNOBS[k]: row[k] for k in ROW_KNOBS},
+        **{ROW_KNOBS[k]: row[k] for k in ROW_KNOBS if k in row},
     )
 
 
@@ -218,6 +249,18 @@ def sensitivity_command(
     ] = False,
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3.")] = 0,
     dtype: Annotated[str, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = "bf16",
+    cp: CpOpt = 1,
+    ep: EpOpt = 1,
+    etp: EtpOpt = 1,
+    shard_size: ShardSizeOpt = 0,
+    recompute_layers: RecomputeLayersOpt = 0,
+    tp_overlap: TpOverlapOpt = False,
+    grad_reduce_dtype: GradReduceOpt = "auto",
+    moe_imbalance: MoeImbalanceOpt = 1.0,
+    moe_dispatch: MoeDispatchOpt = "alltoall",
+    moe_overlap: MoeOverlapOpt = False,
+    cp_comm: CpCommOpt = "p2p",
+    reshard_after_forward: ReshardOpt = True,
     best: Annotated[
         bool,
         typer.Option(
@@ -263,6 +306,20 @@ def sensitivity_command(
                 sequence_parallel=sequence_parallel,
                 zero_stage=zero,
                 dtype=dtype,
+            )
+            | estimate_knobs(
+                cp=cp,
+                ep=ep,
+                etp=etp,
+                shard_size=shard_size,
+                recompute_layers=recompute_layers,
+                tp_overlap=tp_overlap,
+                grad_reduce_dtype=grad_reduce_dtype,
+                moe_imbalance=moe_imbalance,
+                moe_dispatch=moe_dispatch,
+                moe_overlap=moe_overlap,
+                cp_comm=cp_comm,
+                reshard_after_forward=reshard_after_forward,
             ),
             best=best,
             capacity=capacity,

@@ -350,12 +350,16 @@ def _cross_shard(rows, rejected, shard_size):
         "an HSDP shard size needs ZeRO-3",
     )
     sh = np.maximum(rows["shard_size"], 1)
-    return _keep(
+    dpc = rows["dp"] * rows["cp"]
+    rows = _keep(
         rows,
-        (rows["shard_size"] == 0) | ((rows["dp"] * rows["cp"]) % sh == 0),
+        (rows["shard_size"] == 0) | (dpc % sh == 0),
         rejected,
         "the shard size does not divide dp·cp",
     )
+    if 0 in sh_l:  # a shard group of all dp·cp ranks is plain ZeRO-3: the same row as 0
+        rows = _keep(rows, rows["shard_size"] != rows["dp"] * rows["cp"], rejected, None)
+    return rows
 
 
 def _cross_recompute_layers(rows, rejected, recompute_layers, num_layers):

@@ -130,7 +130,7 @@ def _check_shard(shard_size: int, zero: ZeroStage, dp: int, cp: int) -> None:
             None,
             "shard_size",
             shard_size,
-            "0 unless zero_stage is 3: only ZeRO-3/FSDP shards parameters within groups",
+            "0 unless the ZeRO stage is 3: only ZeRO-3/FSDP shards parameters within groups",
         )
     if (dp * cp) % shard_size:
         raise bad_value(
