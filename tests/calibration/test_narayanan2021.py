@@ -107,6 +107,7 @@ def test_fit_on_table1_beats_the_preset_held_out(fitted, table):
     assert 0 < float(r.constants.matmul_efficiency_max) < 1
 
 
+@pytest.mark.slow
 def test_gpt3_175b_on_1024_gpus_predicted_from_table1(fitted):
     """§5.1: 175B, 1024 A100-80GB, batch 1536, tp 8 pp 16 (the repository's 2021 example script),
     140 TFLOP/s per GPU by eq. 3. Predicted from the fitted constants, which never saw this run:
@@ -147,6 +148,7 @@ def test_gpt3_175b_on_1024_gpus_predicted_from_table1(fitted):
     assert best["step_time_s"] <= t  # the paper's strategy is in the grid
 
 
+@pytest.mark.slow
 def test_korthikanti_2022_gpt3_175b_predicted_from_table1(fitted):
     """Korthikanti et al. 2022 (Table 5) timed GPT-3 175B with full recomputation on 64 A100-80GB of
     the same cluster a year later: tp 8, pp 8, interleaved v 3, batch 64, 18.13 s per iteration. The

@@ -93,6 +93,7 @@ def test_default_grid_is_gpt3_175b_on_1024_a100_and_agrees_with_estimate():
     assert doc["infeasible_reasons"]["does not fit in 80 GiB per device"] > 0
 
 
+@pytest.mark.slow
 def test_restricted_axes_out_and_plot(tmp_path):
     out, png = tmp_path / "all.csv", tmp_path / "grid.png"
     r = run(

@@ -159,6 +159,7 @@ def test_estimate_prints_and_carries_intervals(profile_path):
     assert r.exit_code == 0 and " s ± " in r.output and "(90%" in r.output
 
 
+@pytest.mark.slow
 def test_leave_one_out_coverage_on_the_shipped_sets():
     """Held-out rows inside their 90% interval: the number the docs quote."""
     results = shipped_coverage()
