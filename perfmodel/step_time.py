@@ -541,7 +541,9 @@ def evaluate_grid(
     multiple of the device count, so that a sweep can reuse one compiled shape.
 
     Args:
-      m, hw, c: model, hardware and constants (shared by every row).
+      m: model dimensions (shared by every row).
+      hw: device and link numbers (shared by every row).
+      c: constants (shared by every row).
       grid: a :class:`Strategy` whose leaves have shape ``(n,)``.
       step_fn: the one-strategy function to vectorise (default :func:`step_time`; see
         :func:`perfmodel.cost_models.select_step_fn`).

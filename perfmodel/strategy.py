@@ -75,7 +75,9 @@ class Strategy:
     """Parallel degrees and choices of one strategy (scalar leaves; a grid adds an axis).
 
     Attributes:
-      dp, tp, pp: data-, tensor- and pipeline-parallel degrees (dp·tp·pp devices).
+      dp: data-parallel degree.
+      tp: tensor-parallel degree.
+      pp: pipeline-parallel degree (dp·tp·pp·cp devices).
       micro_batch_size: samples per microbatch per data-parallel replica.
       num_microbatches: microbatches per replica per optimiser step (gradient accumulation).
       interleave: model chunks per device (v); 1 unless ``schedule`` is interleaved.
