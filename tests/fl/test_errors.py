@@ -78,14 +78,13 @@ def test_library_errors_name_fields_not_flags(call, field):
     assert "--" not in str(e.value)
 
 
-def test_dirichlet_failure_hints_at_both_fields():
+def test_dirichlet_too_few_samples_hints_at_clients():
     import numpy as np
 
     with pytest.raises(AisimError) as e:
-        dirichlet(np.zeros(4, np.int32), 4, 0.01, np.random.default_rng(0), max_tries=1)
-    assert e.value.field == "dirichlet_alpha"
-    names = {"clients": "--clients", "dirichlet_alpha": "--dirichlet-alpha"}
-    assert e.value.render(names).endswith("use fewer --clients or a larger --dirichlet-alpha")
+        dirichlet(np.zeros(4, np.int32), 4, 0.01, np.random.default_rng(0))
+    assert e.value.field == "clients"
+    assert e.value.render({"clients": "--clients"}).endswith("use fewer --clients")
 
 
 def test_toml_errors_name_the_file(tmp_path):
