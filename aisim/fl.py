@@ -35,8 +35,15 @@ def run(
         str, _opt(help="digits/mnist: iid, dirichlet, shards or quantity.")
     ] = "iid",
     dirichlet_alpha: Annotated[
-        float, _opt(help="Concentration of the Dirichlet label skew.")
+        float, _opt(help="Concentration α of the Dirichlet label skew.")
     ] = 0.5,
+    dirichlet_form: Annotated[
+        str,
+        _opt(
+            help="per-class (each class split over clients by Dir(α), Flower/NIID-Bench) or "
+            "per-client (each client's classes ~ Dir(α·prior), Hsu et al. 2019)."
+        ),
+    ] = "per-class",
     model: Annotated[
         str | None, _opt(help="logreg, mlp, 2nn or cnn (default: by data set).")
     ] = None,
@@ -55,13 +62,32 @@ def run(
         float | None, _opt(help="Server learning rate (default 1, adaptive 0.01).")
     ] = None,
     server_momentum: Annotated[float, _opt(help="FedAvgM server momentum.")] = 0.9,
+    tau: Annotated[
+        float, _opt(help="FedAdam/FedYogi/FedAdagrad adaptivity τ (Reddi et al. 2021).")
+    ] = 1e-3,
+    adaptive_form: Annotated[
+        str,
+        _opt(help="reddi (the paper's: no bias correction, τ beside √v) or optax (eps = τ)."),
+    ] = "reddi",
     sampling: Annotated[
-        str, _opt(help="Client sampling: uniform or size (proportional to data).")
+        str,
+        _opt(
+            help="uniform (without replacement, size-weighted mean) or size (FedProx: "
+            "with replacement ∝ data size, plain mean)."
+        ),
     ] = "uniform",
     stragglers: Annotated[
-        float, _opt(help="Fraction of sampled clients that straggle (0-1).")
+        float,
+        _opt(
+            help="Fraction f of sampled clients that straggle: m − round(m(1−f)) of them, 1..E−1 epochs."
+        ),
     ] = 0.0,
-    deadline_s: Annotated[float | None, _opt(help="Round deadline in simulated seconds.")] = None,
+    deadline_s: Annotated[
+        float | None,
+        _opt(
+            help="Round deadline in simulated seconds (also how long a silent client is waited for)."
+        ),
+    ] = None,
     devices: Annotated[str, _opt(help="Device preset mix, e.g. phone:0.7,laptop:0.3.")] = "phone",
     max_local_steps: Annotated[
         int | None, _opt(help="Cap on local steps per client per round.")
@@ -70,6 +96,21 @@ def run(
     clip_norm: Annotated[float, _opt(help="DP-FedAvg: L2 clip norm of each update.")] = 1.0,
     noise_multiplier: Annotated[float, _opt(help="DP-FedAvg: noise std / clip norm.")] = 1.0,
     delta: Annotated[float, _opt(help="DP-FedAvg: δ of the reported (ε, δ).")] = 1e-5,
+    adaptive_clip: Annotated[
+        bool,
+        _opt(
+            "--adaptive-clip",
+            help="DP-FedAvg: adapt the clip norm to a quantile (Andrew et al. 2021).",
+        ),
+    ] = False,
+    clip_quantile: Annotated[
+        float, _opt(help="Adaptive clipping: target quantile γ of update norms.")
+    ] = 0.5,
+    clip_lr: Annotated[float, _opt(help="Adaptive clipping: geometric learning rate η_C.")] = 0.2,
+    clip_count_stddev: Annotated[
+        float | None,
+        _opt(help="Adaptive clipping: noise σ_b on the unclipped count (default m/20)."),
+    ] = None,
     seed: Annotated[int, _opt(help="Seed of data, systems and training.")] = 0,
     eval_every: Annotated[int, _opt(help="Evaluate the global model every K rounds.")] = 1,
     checkpoint_every: Annotated[
@@ -182,7 +223,9 @@ def _print_human(result, out_dir) -> None:
     if "privacy" in s:
         p = s["privacy"]
         console.print(
-            f"DP: noise multiplier {p['noise_multiplier']}, ε = {p['epsilon']:.4g} at δ = {p['delta']:g}"
+            f"DP: noise multiplier {p['noise_multiplier']}, ε = {p['epsilon']:.4g} at "
+            f"δ = {p['delta']:g} ({p['accountant']}; {p['sampling_bound']})",
+            highlight=False,
         )
     if out_dir is not None:
         console.print(f"wrote {out_dir}/metrics.csv and {out_dir}/summary.json", highlight=False)

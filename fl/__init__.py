@@ -13,7 +13,7 @@ from fl.data import FederatedData, digits, load, mnist, synthetic, synthetic_pop
 from fl.models import Model, cross_entropy, make_model
 from fl.partition import Population, dirichlet, iid, quantity, shards
 from fl.plotting import plot_accuracy, plot_loss
-from fl.privacy import epsilon, rdp_sampled_gaussian
+from fl.privacy import PrivacyReport, epsilon
 from fl.round import (
     CohortPlan,
     Hyper,
@@ -79,7 +79,7 @@ __all__ = [
     "parse_mix",
     "draw_systems",
     "client_time_s",
-    # privacy (DP-FedAvg accounting)
+    # privacy (DP-FedAvg accounting with dp-accounting)
     "epsilon",
-    "rdp_sampled_gaussian",
+    "PrivacyReport",
 ]

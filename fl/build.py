@@ -21,7 +21,7 @@ import optax
 from fl import data as fl_data
 from fl import local_update as lu
 from fl import round as rnd
-from fl.config import ExperimentConfig, validate
+from fl.config import ExperimentConfig, count_stddev, validate
 from fl.models import DEFAULT_MODEL, Model, make_model
 from fl.server import make_algorithm
 from fl.systems import draw_systems, parse_mix
@@ -116,6 +116,7 @@ def load_data(cfg: ExperimentConfig) -> fl_data.FederatedData:
         cfg.beta,
         cfg.iid,
         cfg.seed,
+        cfg.dirichlet_form,
     )
     if cfg.clients_per_round > ds.population.num_clients:
         raise bad_value(
@@ -131,7 +132,9 @@ def round_spec(cfg: ExperimentConfig, model: Model, max_samples: int, mesh) -> r
     """The static round: algorithm, local training, and the chunk size the memory budget allows
     (on a CPU, also the clients whose parameters fit in :data:`CPU_CACHE_BYTES`)."""
     devices = jax.devices()
-    alg = make_algorithm(cfg.algorithm, cfg.server_lr, cfg.server_momentum)
+    alg = make_algorithm(
+        cfg.algorithm, cfg.server_lr, cfg.server_momentum, cfg.tau, cfg.adaptive_form
+    )
     local = lu.LocalSpec(
         apply=model.apply,
         client_opt=optax.sgd(cfg.lr),
@@ -158,6 +161,7 @@ def round_spec(cfg: ExperimentConfig, model: Model, max_samples: int, mesh) -> r
         cohort=cfg.clients_per_round,
         chunk=chunk,
         sampling=cfg.sampling,
+        adaptive_clip=cfg.adaptive_clip,
         flops_per_sample=model.train_flops_per_sample,
         param_bytes=model.param_bytes,
         mesh=mesh,
@@ -191,6 +195,9 @@ def hyper_of(cfg: ExperimentConfig) -> rnd.Hyper:
         clip_norm=jnp.float32(cfg.clip_norm),
         noise_multiplier=jnp.float32(cfg.noise_multiplier),
         max_local_steps=jnp.int32(min(cfg.max_local_steps or 2**30, 2**30)),
+        clip_quantile=jnp.float32(cfg.clip_quantile),
+        clip_lr=jnp.float32(cfg.clip_lr),
+        clip_count_stddev=jnp.float32(count_stddev(cfg)),
     )
 
 
@@ -221,6 +228,9 @@ def build(cfg: ExperimentConfig) -> Built:
         int(pop.sizes.max()),
         cfg.clients_per_round,
         cfg.sampling,
+        cfg.adaptive_clip,
+        cfg.tau,
+        cfg.adaptive_form,
         mesh is not None,
         cfg.memory_budget,
     )
@@ -232,7 +242,7 @@ def build(cfg: ExperimentConfig) -> Built:
     spec, run_round = _cached(("round", *static), make_spec)
     inputs = round_inputs(cfg, ds)
     params = model.init(jax.random.key(cfg.seed))
-    state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed)
+    state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed, cfg.clip_norm)
     if mesh is not None:
         # Replicated over the mesh, as the round returns it: the second round does not recompile.
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

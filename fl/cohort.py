@@ -38,7 +38,9 @@ class CohortSums(NamedTuple):
 
     ``delta``: weighted (DP: clipped) sum of the client updates; ``weight`` and ``loss``: the sum
     of the weights and of the weighted local losses; ``control_delta``: sum of SCAFFOLD's control
-    changes; ``controls``: the population's client controls (``[clients]``, or ``None``).
+    changes; ``controls``: the population's client controls (``[clients]``, or ``None``);
+    ``unclipped``: DP: the kept clients whose update norm was at most the clip norm (the count
+    adaptive clipping estimates its quantile from).
     """
 
     delta: object
@@ -46,6 +48,7 @@ class CohortSums(NamedTuple):
     loss: Float[Array, ""]
     control_delta: object
     controls: object
+    unclipped: Float[Array, ""]
 
 
 def arrange_cohort(spec: RoundSpec, plan: CohortPlan, num_clients: int) -> dict[str, Array]:
@@ -133,8 +136,11 @@ def _add_chunk(spec, state, inputs, hyper, train_key, sums: CohortSums, ch) -> C
     tasks, c_i = _chunk_tasks(spec, state, inputs, ch, sums.controls, train_key)
     st = _train_chunk(spec, g, inputs, hyper, tasks, jnp.max(ch["steps"]))
     delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
+    unclipped = sums.unclipped
     if alg.dp:
-        delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, hyper.clip_norm)
+        norms = jax.vmap(agg.tree_norm)(delta)
+        unclipped = unclipped + jnp.sum(ch["weight"] * (norms <= state.clip_norm))
+        delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, state.clip_norm)
     sum_delta = jax.tree.map(jnp.add, sums.delta, agg.weighted_sum(delta, ch["weight"]))
     loss = st.loss_sum / jnp.maximum(st.steps_done, 1)
     sum_loss = sums.loss + jnp.sum(ch["weight"] * loss)
@@ -144,7 +150,7 @@ def _add_chunk(spec, state, inputs, hyper, train_key, sums: CohortSums, ch) -> C
         c_new, dc = _scaffold_controls(state, hyper, ch, c_i, st, delta)
         sum_dc = jax.tree.map(lambda s_, d: s_ + jnp.sum(d, axis=0), sum_dc, dc)
         controls = jax.tree.map(lambda a, v: a.at[ch["ids"]].set(v, mode="drop"), controls, c_new)
-    return CohortSums(sum_delta, sum_w, sum_loss, sum_dc, controls)
+    return CohortSums(sum_delta, sum_w, sum_loss, sum_dc, controls, unclipped)
 
 
 def train_cohort(spec, state, inputs, hyper, arranged, train_key) -> CohortSums:
@@ -155,7 +161,9 @@ def train_cohort(spec, state, inputs, hyper, arranged, train_key) -> CohortSums:
         return _add_chunk(spec, state, inputs, hyper, train_key, sums, ch), None
 
     zeros = agg.tree_zeros_like(state.params)
-    sums = CohortSums(zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls)
+    sums = CohortSums(
+        zeros, jnp.zeros(()), jnp.zeros(()), zeros, state.client_controls, jnp.zeros(())
+    )
     offset = 0
     for size, count in spec.segments:
         group = {k: v[offset : offset + size * count] for k, v in arranged.items()}

@@ -39,6 +39,7 @@ class ExperimentConfig:
     iid: bool = False
     partition: str = "iid"
     dirichlet_alpha: float = 0.5
+    dirichlet_form: str = "per-class"
     model: str | None = None
     clients: int = 30
     clients_per_round: int = 10
@@ -50,6 +51,8 @@ class ExperimentConfig:
     mu: float = 0.0
     server_lr: float | None = None
     server_momentum: float = 0.9
+    tau: float = 1e-3
+    adaptive_form: str = "reddi"
     sampling: str = "uniform"
     stragglers: float = 0.0
     deadline_s: float | None = None
@@ -59,6 +62,10 @@ class ExperimentConfig:
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     delta: float = 1e-5
+    adaptive_clip: bool = False
+    clip_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_count_stddev: float | None = None
     seed: int = 0
     eval_every: int = 1
     checkpoint_every: int = 10
@@ -146,6 +153,98 @@ def validate(cfg: ExperimentConfig, where: str | None = None) -> None:
         parse_mix(cfg.devices)
     except AisimError as e:
         raise e.relabel(source=where) from None
+    if not cfg.tau > 0:
+        raise bad_value(where, "tau", cfg.tau, "a number > 0")
+    if not 0 < cfg.clip_quantile < 1:
+        raise bad_value(where, "clip_quantile", cfg.clip_quantile, "a fraction in (0, 1)")
+    if not cfg.clip_lr > 0:
+        raise bad_value(where, "clip_lr", cfg.clip_lr, "a learning rate > 0")
+    if cfg.clip_count_stddev is not None and not cfg.clip_count_stddev > 0:
+        raise bad_value(where, "clip_count_stddev", cfg.clip_count_stddev, "a number > 0")
+    _check_effective(cfg, where)
+
+
+DEFAULTS = ExperimentConfig()
+
+
+def count_stddev(cfg: ExperimentConfig) -> float:
+    """Adaptive clipping's noise on the unclipped count: ``σ_b`` as given, or ``m / 20``
+    (Andrew et al. 2021, §4: "we use σ_b = m/20 in all experiments")."""
+    if cfg.clip_count_stddev is not None:
+        return cfg.clip_count_stddev
+    return cfg.clients_per_round / 20.0
+
+
+def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
+    """A setting that the chosen configuration would ignore is an error, not a silent no-op:
+    a field moved off its default that has no effect, and combinations that cannot be honoured."""
+    from fl.server import ADAPTIVE
+
+    def unused(field, why):
+        default = getattr(DEFAULTS, field)
+        raise bad_value(where, field, getattr(cfg, field), f"{default} here ({why})")
+
+    def moved(field):
+        return getattr(cfg, field) != getattr(DEFAULTS, field)
+
+    population = cfg.dataset == "synthetic" and cfg.clients > 10_000
+    if moved("mu") and cfg.algorithm != "fedprox":
+        unused("mu", f"μ is FedProx's proximal weight and {cfg.algorithm} has no proximal term")
+    if cfg.iid and cfg.dataset != "synthetic":
+        unused("iid", f"iid picks Synthetic-IID; {cfg.dataset} is split by partition")
+    if cfg.iid and population:
+        unused("iid", "populations above 10,000 clients are Synthetic(α, β) windows")
+    for f in ("alpha", "beta"):
+        if moved(f) and (cfg.dataset != "synthetic" or cfg.iid):
+            unused(f, "α and β shape Synthetic(α, β) only")
+    if moved("partition") and cfg.dataset == "synthetic":
+        unused("partition", "the synthetic data set comes partitioned by device")
+    for f in ("dirichlet_alpha", "dirichlet_form"):
+        if moved(f) and (cfg.partition != "dirichlet" or cfg.dataset == "synthetic"):
+            unused(f, "it shapes the dirichlet partition only")
+    if moved("server_momentum") and cfg.algorithm != "fedavgm":
+        unused("server_momentum", "server momentum is FedAvgM's")
+    for f in ("tau", "adaptive_form"):
+        if moved(f) and cfg.algorithm not in ADAPTIVE:
+            unused(f, "it belongs to fedadam, fedyogi and fedadagrad")
+    dp_fields = ("clip_norm", "noise_multiplier", "delta", "adaptive_clip")
+    for f in dp_fields:
+        if moved(f) and cfg.algorithm != "dpfedavg":
+            unused(f, "it belongs to dpfedavg")
+    for f in ("clip_quantile", "clip_lr", "clip_count_stddev"):
+        if moved(f) and not cfg.adaptive_clip:
+            unused(f, "it tunes adaptive clipping (adaptive_clip)")
+    if cfg.algorithm == "dpfedavg" and cfg.sampling != "uniform":
+        raise bad_value(
+            where,
+            "sampling",
+            cfg.sampling,
+            "uniform with dpfedavg (the accountant covers fixed-size uniform cohorts only)",
+        )
+    if cfg.adaptive_clip:
+        z, sb = cfg.noise_multiplier, count_stddev(cfg)
+        if not (z > 0 and 2 * sb > z):
+            raise bad_value(
+                where,
+                "noise_multiplier",
+                z,
+                f"a number in (0, 2σ_b = {2 * sb:g}) with adaptive clipping (Andrew et al. 2021)",
+            )
+    if cfg.stragglers > 0 and cfg.algorithm == "fedprox" and cfg.local_epochs < 2:
+        raise bad_value(
+            where,
+            "stragglers",
+            cfg.stragglers,
+            "0 with local_epochs 1 (FedProx's stragglers do 1..E−1 epochs)",
+        )
+    from fl.partition import DIRICHLET_FORMS
+
+    if cfg.dirichlet_form not in DIRICHLET_FORMS:
+        raise unknown_name("dirichlet_form", cfg.dirichlet_form, DIRICHLET_FORMS, "form")
+    from fl.server import ADAPTIVE_FORMS
+
+    if cfg.adaptive_form not in ADAPTIVE_FORMS:
+        raise unknown_name("adaptive_form", cfg.adaptive_form, ADAPTIVE_FORMS, "form")
 
 
 def _coerce(path: str, key: str, value, field: dataclasses.Field):

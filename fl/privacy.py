@@ -1,77 +1,83 @@
-"""Rényi-DP accountant for the sampled Gaussian mechanism (DP-FedAvg's privacy report).
+"""DP-FedAvg's privacy report, from Google's ``dp-accounting`` (no accountant written here).
 
-Contract: :func:`rdp_sampled_gaussian` is the RDP of one round that samples each client with
-probability ``q`` and adds Gaussian noise of ``noise_multiplier`` × clip norm to the sum of clipped
-updates, at integer orders ``α`` (Mironov, Talwar & Zhang 2019, "Rényi Differential Privacy of the
-Sampled Gaussian Mechanism", section 3.3): ``A_α = Σ_k C(α,k) (1-q)^(α-k) q^k exp((k²-k)/(2σ²))``,
-``RDP(α) = log A_α / (α-1)``. RDP composes additively over rounds, and :func:`epsilon` converts it
-with ``ε = min_α T·RDP(α) + log(1/δ)/(α-1)`` (Mironov 2017, proposition 3). With integer orders this
-is Abadi et al. (2016)'s moments accountant. Host-side numpy; no jit.
+Contract: a round of DP-FedAvg samples a *fixed-size* cohort of ``m`` of the ``N`` clients
+uniformly without replacement, clips each update to L2 norm ``C`` and adds ``N(0, (zC)²)`` to
+the sum. That is not Poisson sampling, so the round is accounted as
+``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))`` in dp-accounting's
+:class:`~dp_accounting.rdp.RdpAccountant` with the replace-one neighbouring relation (the
+relation fixed-size sampling needs; the population size is public): the RDP bound of Wang,
+Balle & Kasiviswanathan (2019), "Subsampled Rényi Differential Privacy and Analytical Moments
+Accountant", theorem 27. The multiplier is ``z / 2`` because replacing one client's update moves
+the clipped sum by up to ``2C``. RDP composes over rounds, and ε at δ is the accountant's
+conversion. With adaptive clipping the same ``z`` holds for the pair (count, sum) of releases
+(Andrew et al. 2021, theorem 1). Host-side; no jit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
+import dp_accounting
 import numpy as np
+from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
-DEFAULT_ORDERS = tuple(range(2, 257))
+ACCOUNTANT = "dp-accounting RdpAccountant (RDP, replace-one neighbours)"
+SAMPLING_BOUND = (
+    "fixed-size sampling without replacement: dp-accounting's SampledWithoutReplacementDpEvent "
+    "(Wang, Balle & Kasiviswanathan 2019, theorem 27), Gaussian multiplier z/2 for the "
+    "replace-one sensitivity 2C"
+)
 
 
-def _log_comb(n: int, k: int) -> float:
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+def round_event(num_clients: int, cohort: int, noise_multiplier: float) -> dp_accounting.DpEvent:
+    """The dp-accounting event of one DP-FedAvg round (see module)."""
+    return dp_accounting.SampledWithoutReplacementDpEvent(
+        source_dataset_size=num_clients,
+        sample_size=cohort,
+        event=dp_accounting.GaussianDpEvent(noise_multiplier / 2.0),
+    )
 
 
-def rdp_sampled_gaussian(q: float, noise_multiplier: float, order: int) -> float:
-    """RDP at integer ``order`` ≥ 2 of one sampled Gaussian step (sampling rate ``q``)."""
-    if noise_multiplier <= 0:
-        return math.inf
-    if q <= 0:
-        return 0.0
-    s2 = noise_multiplier**2
-    if q >= 1:
-        return order / (2.0 * s2)
-    terms = [
-        _log_comb(order, k)
-        + (order - k) * math.log1p(-q)
-        + k * math.log(q)
-        + (k * k - k) / (2.0 * s2)
-        for k in range(order + 1)
-    ]
-    m = max(terms)
-    log_a = m + math.log(sum(math.exp(t - m) for t in terms))
-    return log_a / (order - 1)
+def new_accountant() -> RdpAccountant:
+    """An empty accountant of the kind :func:`epsilon` uses."""
+    return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
 
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyReport:
-    """ε at δ after ``rounds`` rounds, and the RDP order that gave it."""
+    """ε at δ after each round ``1..rounds`` (``epsilons``), the last of them, and how."""
 
-    epsilon: float
+    epsilons: tuple[float, ...]
     delta: float
-    order: int
+    order: float
     noise_multiplier: float
     sampling_rate: float
-    rounds: int
+    accountant: str = ACCOUNTANT
+    sampling_bound: str = SAMPLING_BOUND
+
+    @property
+    def epsilon(self) -> float:
+        return self.epsilons[-1] if self.epsilons else 0.0
 
 
 def epsilon(
-    q: float,
-    noise_multiplier: float,
-    rounds: int,
-    delta: float,
-    orders: tuple[int, ...] = DEFAULT_ORDERS,
+    num_clients: int, cohort: int, noise_multiplier: float, rounds: int, delta: float
 ) -> PrivacyReport:
-    """(ε, δ) of ``rounds`` compositions of the sampled Gaussian mechanism (see module)."""
-    rdp = np.array([rdp_sampled_gaussian(q, noise_multiplier, a) for a in orders]) * rounds
-    eps = rdp + math.log(1.0 / delta) / (np.array(orders, float) - 1.0)
-    i = int(np.argmin(eps))
-    return PrivacyReport(
-        epsilon=float(eps[i]),
-        delta=delta,
-        order=int(orders[i]),
-        noise_multiplier=noise_multiplier,
-        sampling_rate=q,
-        rounds=rounds,
-    )
+    """(ε, δ) after every round of ``rounds`` DP-FedAvg rounds (see module).
+
+    One round's RDP curve comes from the accountant once; round ``r``'s is ``r`` times it
+    (RDP composes additively), converted with dp-accounting's ``compute_epsilon``, so that ε
+    after every round costs one accountant call in all.
+    """
+    if noise_multiplier <= 0:
+        return PrivacyReport(
+            (float("inf"),) * rounds, delta, float("nan"), noise_multiplier, cohort / num_clients
+        )
+    acc = new_accountant()
+    acc.compose(round_event(num_clients, cohort, noise_multiplier), 1)
+    one = np.asarray(acc._rdp)  # one round's RDP at acc._orders (no public getter)
+    eps, order = [], float("nan")
+    for r in range(1, rounds + 1):
+        e, order = compute_epsilon(acc._orders, one * r, delta)
+        eps.append(float(e))
+    return PrivacyReport(tuple(eps), delta, float(order), noise_multiplier, cohort / num_clients)

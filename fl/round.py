@@ -3,11 +3,17 @@
 Contract: :func:`make_round` closes over the static :class:`RoundSpec` and returns
 ``run_round(state, inputs, hyper) -> (state, RoundMetrics)``, pure and jittable. A round
 
-1. samples ``cohort`` clients without replacement (:func:`sample_uniform`, or Gumbel-top-k
-   proportionally to data size), keyed by ``fold_in(key, round)`` so that a resumed run repeats it;
-2. draws availability and stragglers (a straggler runs a random number of epochs in ``[1, E]``,
-   Li et al. 2020 §5.2) and times every client with :func:`fl.systems.client_time_s`; FedAvg drops
-   stragglers and clients that miss the deadline, FedProx keeps their partial work;
+1. samples ``cohort`` clients: uniformly without replacement (:func:`sample_uniform`, weighted
+   by data size ``n_k``), or ``cohort`` i.i.d. draws with replacement proportional to ``n_k`` and a
+   plain average over the draws (:func:`sample_by_size`, FedProx's scheme; a client drawn twice
+   trains once and counts twice). Keyed by ``fold_in(key, round)`` so that a resumed run repeats it;
+2. draws availability and stragglers as FedProx's reference code does (``flearn/trainers/
+   fedprox.py``: exactly ``m − round(m·(1 − f))`` of the ``m`` sampled clients straggle, each doing
+   ``randint(1, E)`` = 1..E−1 epochs) and times every client with
+   :func:`fl.systems.client_time_s`; FedAvg drops stragglers and clients that miss the deadline,
+   FedProx keeps their partial work. A client that does not answer (unavailable, dropped or cut)
+   holds the server until the deadline, or without one for as long as its full work would take
+   (the server's timeout), so a round that nobody answers still costs time;
 3. (:mod:`fl.cohort`) sorts the cohort by local steps, longest first (bucketing), and cuts it
    into the chunks of :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up
    to ``chunk``, then equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
@@ -17,8 +23,9 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
    the few longest clients of a heavy-tailed cohort into small chunks, so that they do not make
    hundreds of short clients run masked steps; the client axis is sharded over ``mesh`` when one
    is given;
-4. aggregates the weighted updates (or clipped + noised for DP-FedAvg), applies the server optax
-   transformation, and updates SCAFFOLD's control variates for the whole population.
+4. aggregates the weighted updates (or clipped + noised for DP-FedAvg, with the clip norm adapted
+   to a target quantile of the update norms when asked, Andrew et al. 2021), applies the server
+   optax transformation, and updates SCAFFOLD's control variates for the whole population.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from jaxtyping import Array, Float, Int
 from fl import aggregation as agg
 from fl import local_update as lu
 from fl.cohort import CohortSums, arrange_cohort, train_cohort
-from fl.sampling import sample_uniform
+from fl.sampling import multiplicity, sample_by_size, sample_uniform
 from fl.server import Algorithm, server_update
 from fl.systems import Systems, client_time_s
 
@@ -41,15 +48,17 @@ from fl.systems import Systems, client_time_s
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ServerState:
-    """Global model, server optimiser state, SCAFFOLD controls and the round counter.
+    """Global model, server optimiser state, SCAFFOLD controls, DP clip norm and round counter.
 
-    ``client_controls`` has a leading ``[clients]`` axis (the whole population) or is ``None``.
+    ``client_controls`` has a leading ``[clients]`` axis (the whole population) or is ``None``;
+    ``clip_norm`` is DP-FedAvg's current clip norm (it moves only with adaptive clipping).
     """
 
     params: object
     opt_state: object
     control: object
     client_controls: object
+    clip_norm: Float[Array, ""]
     round: Int[Array, ""]
     key: Array
 
@@ -77,6 +86,9 @@ class Hyper:
     clip_norm: Float[Array, ""]
     noise_multiplier: Float[Array, ""]
     max_local_steps: Int[Array, ""]
+    clip_quantile: Float[Array, ""] = 0.5
+    clip_lr: Float[Array, ""] = 0.2
+    clip_count_stddev: Float[Array, ""] = 0.0
 
 
 @jax.tree_util.register_dataclass
@@ -91,6 +103,7 @@ class RoundMetrics:
     bytes_down: Float[Array, ""]
     local_loss: Float[Array, ""]
     finite: Array
+    clip_norm: Float[Array, ""]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +115,7 @@ class RoundSpec:
     cohort: int
     chunk: int
     sampling: str = "uniform"
+    adaptive_clip: bool = False
     flops_per_sample: float = 0.0
     param_bytes: float = 0.0
     mesh: Mesh | None = None
@@ -139,8 +153,10 @@ class RoundSpec:
         return (2.0 if self.algorithm.scaffold else 1.0) * self.param_bytes
 
 
-def init_server_state(spec: RoundSpec, params, num_clients: int, seed: int) -> ServerState:
-    """The state before round 0."""
+def init_server_state(
+    spec: RoundSpec, params, num_clients: int, seed: int, clip_norm: float = 1.0
+) -> ServerState:
+    """The state before round 0 (``clip_norm``: DP-FedAvg's initial clip norm)."""
     zeros = agg.tree_zeros_like(params)
     controls = None
     if spec.algorithm.scaffold:
@@ -150,6 +166,7 @@ def init_server_state(spec: RoundSpec, params, num_clients: int, seed: int) -> S
         opt_state=spec.algorithm.server_opt.init(params),
         control=zeros if spec.algorithm.scaffold else None,
         client_controls=controls,
+        clip_norm=jnp.float32(clip_norm),
         round=jnp.zeros((), jnp.int32),
         key=jax.random.key(seed),
     )
@@ -166,6 +183,7 @@ class CohortPlan:
     weight: Float[Array, " cohort"]
     kept: Array
     available: Array
+    contacted: Array
     round_time_s: Float[Array, ""]
     train_key: Array
     noise_key: Array
@@ -184,15 +202,21 @@ def plan_cohort(
 
     if spec.sampling == "uniform":
         ids = sample_uniform(k_s, num_clients, m)
-    else:  # Gumbel-top-k with log-size logits: proportional to data size, without replacement
-        logits = jnp.log(inputs.sizes.astype(jnp.float32))
-        _, ids = jax.lax.top_k(jax.random.gumbel(k_s, (num_clients,)) + logits, m)
+        copies = jnp.ones((m,), jnp.int32)
+    else:  # FedProx: m i.i.d. draws proportional to n_k, a repeated client trained once
+        ids = sample_by_size(k_s, inputs.sizes, m)
+        copies = multiplicity(ids, num_clients)
+    contacted = copies > 0
     n = inputs.sizes[ids]
     sys_k = jax.tree.map(lambda a: a[ids], inputs.systems)
 
-    avail = jax.random.uniform(k_a, (m,)) < sys_k.availability
-    straggler = jax.random.uniform(k_st, (m,)) < hyper.straggler_fraction
-    rand_epochs = jax.random.randint(k_e, (m,), 1, epochs + 1)
+    avail = contacted & (jax.random.uniform(k_a, (m,)) < sys_k.availability)
+    # FedProx's reference code: exactly m - round(m (1 - f)) stragglers (numpy's round is half to
+    # even, as jnp.round), chosen uniformly among the m slots, each doing randint(1, E) epochs.
+    num_stragglers = m - jnp.round(m * (1.0 - hyper.straggler_fraction)).astype(jnp.int32)
+    slot_rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_st, (m,))))
+    straggler = slot_rank < num_stragglers
+    rand_epochs = jax.random.randint(k_e, (m,), 1, max(epochs, 2))
     per_epoch = (n + bsz - 1) // bsz
     full_steps = jnp.minimum(per_epoch * epochs, hyper.max_local_steps)
     step_flops = bsz * spec.flops_per_sample
@@ -210,6 +234,7 @@ def plan_cohort(
             sys_k.serialize_bytes_per_s,
         )
 
+    full_t = times(full_steps).total_s
     if alg.straggler_policy == "partial":
         wanted = jnp.where(
             straggler, jnp.minimum(per_epoch * rand_epochs, hyper.max_local_steps), full_steps
@@ -221,18 +246,28 @@ def plan_cohort(
         cut = avail & (steps < wanted)
         kept = avail & (steps >= 1)
     else:
-        late = times(full_steps).total_s > hyper.deadline_s
+        late = full_t > hyper.deadline_s
         kept = avail & ~straggler & ~late
         cut = avail & ~straggler & late
         steps = full_steps
     steps = jnp.where(kept, steps, 0)
     t = times(steps).total_s
-    # The server waits for the slowest kept client, or until the deadline if it cut anyone.
+    # The server waits for the slowest kept client, until the deadline if it cut anyone, and for
+    # a client that never answers until the deadline or, without one, its full work's time.
+    missing = contacted & ~kept
+    wait_missing = jnp.where(
+        jnp.isfinite(hyper.deadline_s),
+        hyper.deadline_s,
+        jnp.max(jnp.where(missing, full_t, 0.0)),
+    )
     round_time = jnp.maximum(
         jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
     )
-    if alg.dp or spec.sampling != "uniform":
+    round_time = jnp.maximum(round_time, jnp.where(jnp.any(missing), wait_missing, 0.0))
+    if alg.dp:
         weight = kept.astype(jnp.float32)
+    elif spec.sampling == "size":  # the plain average over the m draws
+        weight = jnp.where(kept, copies.astype(jnp.float32), 0.0)
     else:
         weight = jnp.where(kept, n.astype(jnp.float32), 0.0)
     return CohortPlan(
@@ -242,6 +277,7 @@ def plan_cohort(
         weight=weight,
         kept=kept,
         available=avail,
+        contacted=contacted,
         round_time_s=round_time,
         train_key=k_t,
         noise_key=k_n,
@@ -252,12 +288,27 @@ def server_step(
     spec: RoundSpec, state: ServerState, hyper: Hyper, sums: CohortSums, noise_key, num_clients
 ) -> ServerState:
     """Step 4: the weighted mean update (DP: the noised sum over the cohort), the server optax
-    step (skipped when no client was kept) and SCAFFOLD's global control."""
+    step (skipped when no client was kept) and SCAFFOLD's global control.
+
+    Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive
+    Clipping", alg. 1): the noised fraction of unclipped updates
+    ``b = (Σ 1[‖Δ_k‖ ≤ C] + N(0, σ_b²)) / m`` moves the clip norm geometrically,
+    ``C ← C · exp(−η_C (b − γ))``, and the update sum gets noise multiplier
+    ``z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2)`` so that the pair of releases costs the privacy of one
+    Gaussian mechanism with multiplier ``z`` (their theorem 1)."""
     alg, g = spec.algorithm, state.params
     any_kept = sums.weight > 0
+    clip = state.clip_norm
     if alg.dp:
-        std = hyper.noise_multiplier * hyper.clip_norm
-        noised = agg.gaussian_noise(sums.delta, noise_key, std)
+        z = hyper.noise_multiplier
+        k_delta, k_count = jax.random.split(noise_key)
+        if spec.adaptive_clip:
+            sb = hyper.clip_count_stddev
+            z = 1.0 / jnp.sqrt(1.0 / jnp.square(z) - 1.0 / jnp.square(2.0 * sb))
+            noisy = sums.unclipped + sb * jax.random.normal(k_count, ())
+            frac = noisy / spec.cohort
+            clip = clip * jnp.exp(-hyper.clip_lr * (frac - hyper.clip_quantile))
+        noised = agg.gaussian_noise(sums.delta, k_delta, z * state.clip_norm)
         mean_delta = jax.tree.map(lambda s_: s_ / spec.cohort, noised)
     else:
         mean_delta = jax.tree.map(lambda s_: s_ / jnp.maximum(sums.weight, 1e-12), sums.delta)
@@ -274,22 +325,27 @@ def server_step(
         opt_state=new_opt,
         control=control,
         client_controls=sums.controls,
+        clip_norm=clip,
         round=state.round + 1,
         key=state.key,
     )
 
 
-def round_metrics(spec: RoundSpec, plan: CohortPlan, sums: CohortSums, params) -> RoundMetrics:
-    """The round's metrics: clients, systems time, bytes each way, loss, finiteness."""
+def round_metrics(
+    spec: RoundSpec, plan: CohortPlan, sums: CohortSums, params, clip_norm
+) -> RoundMetrics:
+    """The round's metrics: clients (distinct ones contacted), systems time, bytes each way,
+    loss, finiteness and the clip norm the round used."""
     payload = spec.payload_bytes
     return RoundMetrics(
-        clients_sampled=jnp.asarray(spec.cohort, jnp.int32),
+        clients_sampled=jnp.sum(plan.contacted).astype(jnp.int32),
         clients_kept=jnp.sum(plan.kept).astype(jnp.int32),
         round_time_s=plan.round_time_s,
         bytes_up=payload * jnp.sum(plan.kept),
         bytes_down=payload * jnp.sum(plan.available),
         local_loss=sums.loss / jnp.maximum(sums.weight, 1e-12),
         finite=agg.all_finite(params),
+        clip_norm=clip_norm,
     )
 
 
@@ -303,7 +359,7 @@ def make_round(spec: RoundSpec):
         arranged = arrange_cohort(spec, plan, num_clients)
         sums = train_cohort(spec, state, inputs, hyper, arranged, plan.train_key)
         new_state = server_step(spec, state, hyper, sums, plan.noise_key, num_clients)
-        return new_state, round_metrics(spec, plan, sums, new_state.params)
+        return new_state, round_metrics(spec, plan, sums, new_state.params, state.clip_norm)
 
     return run_round
 

@@ -1,9 +1,10 @@
-"""Uniform client sampling without replacement, exact, at a cost that fits the population.
+"""Client sampling: uniform without replacement, or proportional to data size with replacement.
 
 Contract: :func:`sample_uniform` ``(key, num_clients, m)`` returns ``m`` distinct client ids in a
 uniformly random order, pure and jittable (``num_clients`` and ``m`` are static). Small
 populations use Gumbel-top-k; large ones deduplicate i.i.d. draws, so a round of a 1M-client
-population costs O(m log m), not O(population).
+population costs O(m log m), not O(population). :func:`sample_by_size` draws ``m`` ids i.i.d. with
+probability proportional to data size (FedProx's scheme) and :func:`multiplicity` folds repeats.
 """
 
 from __future__ import annotations
@@ -58,3 +59,27 @@ def sample_uniform(key: Array, num_clients: int, m: int) -> Int[Array, " m"]:
     k_draw, k_fallback = jax.random.split(key)
     ids, enough = _distinct_draws(k_draw, num_clients, m, _num_draws(num_clients, m))
     return jax.lax.cond(enough, lambda: ids, lambda: gumbel_top_k(k_fallback))
+
+
+def sample_by_size(key: Array, sizes: Int[Array, " clients"], m: int) -> Int[Array, " m"]:
+    """``m`` client ids drawn i.i.d. *with replacement*, each with probability ``n_k / Σ n``.
+
+    FedProx's sampling scheme (Li et al. 2020, "Federated Optimization in Heterogeneous
+    Networks", §3: "sample a subset S_t of K devices at random ... device k chosen with
+    probability p_k", with replacement), whose plain average over the ``m`` draws is an unbiased
+    estimate of the size-weighted mean. Inverse-CDF on the integer cumulative sizes, so a draw
+    costs ``O(log clients)`` and the distribution is exact (sizes must sum below 2³¹).
+    """
+    cdf = jnp.cumsum(sizes.astype(jnp.int32))
+    u = jax.random.randint(key, (m,), 0, cdf[-1], jnp.int32)
+    return jnp.searchsorted(cdf, u, side="right").astype(jnp.int32)
+
+
+def multiplicity(ids: Int[Array, " m"], num_clients: int) -> Int[Array, " m"]:
+    """For each slot, how many times its client was drawn if it is the client's first slot, else 0
+    (a repeated draw is trained once and weighted by its count)."""
+    m = ids.shape[0]
+    slot = jnp.arange(m, dtype=jnp.int32)
+    first = jnp.full((num_clients,), m, jnp.int32).at[ids].min(slot)
+    count = jnp.zeros((num_clients,), jnp.int32).at[ids].add(1)
+    return jnp.where(first[ids] == slot, count[ids], 0)

@@ -41,6 +41,8 @@ COLUMNS = (
     "clients_kept",
     "bytes_up",
     "bytes_down",
+    "epsilon",
+    "clip_norm",
 )
 ACCURACY_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 CHECKPOINT = "checkpoint.msgpack"
@@ -95,6 +97,12 @@ def time_to_accuracy(metrics: pd.DataFrame, threshold: float) -> dict | None:
     return {"round": int(row["round"]), "sim_time_s": float(row["sim_time_s"])}
 
 
+def privacy_report(b: Built, rounds: int):
+    """DP-FedAvg's (ε, δ) after each of ``rounds`` rounds (:func:`fl.privacy.epsilon`)."""
+    n, m = b.data.population.num_clients, b.cfg.clients_per_round
+    return epsilon(n, m, b.cfg.noise_multiplier, rounds, b.cfg.delta)
+
+
 def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, diverged_round) -> dict:
     """The run's summary (the keys ``--json`` prints)."""
     cfg = b.cfg
@@ -130,16 +138,18 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
         summary["rounds_to_target"] = hit and hit["round"]
         summary["time_to_target_s"] = hit and hit["sim_time_s"]
     if b.spec.algorithm.dp:
-        q = cfg.clients_per_round / b.data.population.num_clients
-        rep = epsilon(q, cfg.noise_multiplier, max(len(metrics), 1), cfg.delta)
+        rep = privacy_report(b, max(len(metrics), 1))
         summary["privacy"] = {
             "epsilon": rep.epsilon,
             "delta": rep.delta,
             "rdp_order": rep.order,
             "noise_multiplier": cfg.noise_multiplier,
             "clip_norm": cfg.clip_norm,
-            "sampling_rate": q,
-            "accountant": "RDP of the sampled Gaussian mechanism",
+            "final_clip_norm": last("clip_norm"),
+            "adaptive_clip": cfg.adaptive_clip,
+            "sampling_rate": rep.sampling_rate,
+            "accountant": rep.accountant,
+            "sampling_bound": rep.sampling_bound,
         }
     summary["config"] = cfg.to_dict()
     return summary
@@ -166,6 +176,8 @@ def simulate(
     sim_t = rows[-1]["sim_time_s"] if rows else 0.0
     diverged_round = None
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
+    dp = b.spec.algorithm.dp
+    eps = privacy_report(b, cfg.rounds).epsilons if dp else ()
     t0 = time.perf_counter()
     for r in range(len(rows) + 1, last + 1):
         state, met = b.run_round(state, b.inputs, b.hyper)
@@ -182,6 +194,8 @@ def simulate(
             "clients_kept": int(m.clients_kept),
             "bytes_up": float(m.bytes_up),
             "bytes_down": float(m.bytes_down),
+            "epsilon": eps[r - 1] if dp else math.nan,
+            "clip_norm": float(m.clip_norm) if dp else math.nan,
         }
         if r % cfg.eval_every == 0 or r == cfg.rounds or not m.finite:
             tr_loss, _ = b.evaluate(state.params, *b.eval_sets[0])

