@@ -385,10 +385,11 @@ def _cross_recompute_layers(rows, rejected, recompute_layers, num_layers):
 
 def _cross_switch(rows, rejected, name, values, default, applies):
     """An on/off (or coded) knob; where it does not apply (``applies`` false for a row) every
-    setting is the same, so only the first listed is kept."""
+    setting is the same, so only one is kept: the default if listed, else the lowest code."""
     codes = sorted({int(v) for v in (default if values is None else values)})
+    kept = int(default[0]) if int(default[0]) in codes else codes[0]
     rows = _cross(rows, name, codes)
-    return _keep(rows, applies(rows) | (rows[name] == codes[0]), rejected, None)
+    return _keep(rows, applies(rows) | (rows[name] == kept), rejected, None)
 
 
 def _cross_modern_switches(rows, rejected, switches):
@@ -484,8 +485,8 @@ def enumerate_strategies(
     - an HSDP ``shard_size`` > 0 needs ZeRO-3 and divides dp·cp; ``recompute_layers`` > 0
       needs full recomputation and at most ceil(L/pp) layers;
     - a switch that cannot matter for a row (TP overlap at tp = 1, the MoE dispatcher and
-      overlap at ep = 1, the CP exchange at cp = 1, resharding without ZeRO-3) keeps only its
-      first listed value.
+      overlap at ep = 1, the CP exchange at cp = 1, resharding without ZeRO-3) keeps only one
+      value (its default when listed).
 
     ``None`` for a knob means all its values (``dtype``: bf16; ``dp_overlap``: on;
     ``fused_attention``: off), except the knobs of today's runs, which are not crossed unless
