@@ -49,6 +49,20 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "throughput_samples_per_s": ("throughput", "throughput_samples_s"),
     "tflops_per_gpu": (),
     "flop_convention": (),
+    # today's runs (issue 15): context/expert parallelism, HSDP, FP8 and MoE model columns
+    "cp": ("context_parallel_size", "cp_size"),
+    "ep": ("expert_model_parallel_size", "ep_size"),
+    "etp": ("expert_tensor_parallel_size",),
+    "shard_size": ("hsdp_shard_size",),
+    "fp8": (),
+    "recompute_layers": ("recompute_num_layers",),
+    "tp_overlap": ("tp_comm_overlap",),
+    "num_experts": ("num_moe_experts",),
+    "experts_per_token": ("moe_router_topk",),
+    "moe_ffn_hidden_size": (),
+    "shared_experts": (),
+    "dense_layers": (),
+    "head_dim": ("kv_channels",),
 }
 CANONICAL: tuple[str, ...] = tuple(ALIASES)
 
@@ -56,10 +70,17 @@ CANONICAL: tuple[str, ...] = tuple(ALIASES)
 POSITIVE_INT = (
     "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn_hidden_size",
     "num_kv_heads", "num_gpus", "gpus_per_node", "dp", "tp", "pp", "global_batch_size",
-    "micro_batch_size", "num_microbatches", "interleave",
+    "micro_batch_size", "num_microbatches", "interleave", "cp", "ep", "etp",
+)  # fmt: skip
+# Integer columns where 0 means "the default" (all dp·cp ranks, every layer, dense, ...).
+NON_NEGATIVE_INT = (
+    "shard_size", "recompute_layers", "num_experts", "experts_per_token",
+    "moe_ffn_hidden_size", "shared_experts", "dense_layers", "head_dim",
 )  # fmt: skip
 POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
-BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention")
+BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention", "tp_overlap")
+# an ``fp8`` cell: yes/no, or the Transformer Engine scaling recipe the run used (which means yes)
+FP8_RECIPES = ("tensorwise", "delayed", "current", "mxfp8", "blockwise", "hybrid", "e4m3")
 MEASURED = ("step_time_s", "throughput_samples_per_s")
 DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
 
@@ -122,6 +143,13 @@ def as_bool(v: Any) -> bool:
     if out is None:
         raise ValueError
     return out
+
+
+def as_fp8(v: Any) -> bool:
+    """An ``fp8`` cell: a yes/no word, or a scaling recipe (:data:`FP8_RECIPES`: FP8 on)."""
+    if str(v).strip().lower() in FP8_RECIPES:
+        return True
+    return as_bool(v)
 
 
 def rename_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -39,12 +39,14 @@ from calibration.columns import (  # noqa: F401  (CANONICAL, MEASURED: re-export
     DIMENSIONS,
     DTYPES,
     MEASURED,
+    NON_NEGATIVE_INT,
     NOT_MEASURED_KINDS,
     POSITIVE_FLOAT,
     POSITIVE_INT,
     RECOMPUTE,
     ZERO_STAGES,
     as_bool,
+    as_fp8,
     as_number,
     column_key,
     is_blank,
@@ -170,7 +172,7 @@ def normalise_measurements(
     _derive_parallel(out, problems)
     _check_rows(out, problems, purpose)
     out["measured_step_time_s"], out["has_measurement"] = _measured(out)
-    for col in POSITIVE_INT + ("zero_stage",):
+    for col in POSITIVE_INT + NON_NEGATIVE_INT + ("zero_stage",):
         if col in out.columns:
             out[col] = _to_int(out[col])
     out["source_file"] = source
@@ -193,7 +195,7 @@ def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
     """Numbers, preset names, dtype and recompute labels and yes/no switches, checked cell by
     cell (a bad cell is a problem and becomes blank)."""
     out = df.copy()
-    for col in POSITIVE_INT + POSITIVE_FLOAT + ("zero_stage",):
+    for col in POSITIVE_INT + NON_NEGATIVE_INT + POSITIVE_FLOAT + ("zero_stage",):
         if col in df.columns:
             out[col] = _numbers(df[col], col, problems)
     for col in ("model", "hardware"):
@@ -213,19 +215,46 @@ def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
     for col in BOOLEAN:
         if col in df.columns:
             out[col] = _booleans(df[col], col, problems)
+    if "fp8" in df.columns:
+        out["fp8"] = _booleans(df["fp8"], "fp8", problems, read=as_fp8,
+                               expected="yes/no, or an FP8 recipe (tensorwise, delayed, ...)")  # fmt: skip
+        _fp8_dtype(out, problems)
     return out
 
 
-def _booleans(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
+def _fp8_dtype(df: pd.DataFrame, problems: _Problems) -> None:
+    """``fp8`` yes makes the row's dtype fp8 (FP8 GEMMs of the linear layers, the rest in
+    BF16, as Transformer Engine runs a ``--bf16 --fp8-format`` job); ``fp8`` no with dtype fp8
+    is a contradiction."""
+    if "dtype" not in df.columns:
+        df["dtype"] = pd.Series(np.nan, index=df.index, dtype=object)
+    dtype = df["dtype"].astype(object).copy()
+    for i, on in enumerate(df["fp8"]):
+        if on is pd.NA:
+            continue
+        if on:
+            dtype.iloc[i] = "fp8"
+        elif dtype.iloc[i] == "fp8":
+            problems.add(i, "fp8", "no", "yes when the dtype is fp8 (or leave it blank)")
+    df["dtype"] = dtype
+
+
+def _booleans(
+    col: pd.Series,
+    name: str,
+    problems: _Problems,
+    read: Callable[[Any], bool] = as_bool,
+    expected: str = "yes/no, true/false or 1/0",
+) -> pd.Series:
     vals: list[Any] = []
     for i, v in enumerate(col):
         if is_blank(v):
             vals.append(pd.NA)
             continue
         try:
-            vals.append(as_bool(v))
+            vals.append(read(v))
         except ValueError:
-            problems.add(i, name, v, "yes/no, true/false or 1/0")
+            problems.add(i, name, v, expected)
             vals.append(pd.NA)
     return pd.array(vals, dtype="boolean")
 
@@ -309,7 +338,7 @@ def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
 
 def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
     vals = np.full(len(col), np.nan)
-    integer = name in POSITIVE_INT or name == "zero_stage"
+    integer = name in POSITIVE_INT or name in NON_NEGATIVE_INT or name == "zero_stage"
     for i, v in enumerate(col):
         if is_blank(v):
             continue
@@ -323,6 +352,11 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
         elif name == "zero_stage":
             if x not in ZERO_STAGES:
                 problems.add(i, name, v, "a ZeRO stage 0, 1, 2 or 3")
+            else:
+                vals[i] = x
+        elif name in NON_NEGATIVE_INT:
+            if x < 0 or x != round(x):
+                problems.add(i, name, v, "a non-negative integer (0 = the default)")
             else:
                 vals[i] = x
         elif x <= 0:
@@ -352,7 +386,8 @@ def _choice(
 
 
 def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:
-    """dp = num_gpus/(tp·pp) and num_gpus = dp·tp·pp where blank; checks their consistency."""
+    """dp = num_gpus/(tp·pp·cp) and num_gpus = dp·tp·pp·cp where blank (cp blank = 1: the
+    Megatron-Core rank order tp-cp-dp-pp); checks their consistency."""
     for col in ("num_gpus", "dp", "tp", "pp"):
         if col not in df.columns:
             df[col] = np.nan
@@ -360,8 +395,10 @@ def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:
     dp = df["dp"].to_numpy(float).copy()
     tp = df["tp"].to_numpy(float)
     pp = df["pp"].to_numpy(float)
+    cp = df["cp"].to_numpy(float) if "cp" in df.columns else np.full(len(df), np.nan)
+    cp = np.where(np.isnan(cp), 1.0, cp)
     for i in range(len(df)):
-        model_par = tp[i] * pp[i]
+        model_par = tp[i] * pp[i] * cp[i]
         if math.isnan(model_par):
             # With one degree blank, the other must still divide the world size.
             known = [(c, x) for c, x in (("tp", tp[i]), ("pp", pp[i])) if not math.isnan(x)]
@@ -369,11 +406,13 @@ def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:
                 c, x = known[0]
                 problems.add(i, c, int(x), f"{c} = {int(x)} to divide num_gpus = {int(ng[i])}")
             continue
+        names = "tp·pp" if cp[i] == 1 else "tp·pp·cp"
+        degrees = f"{int(tp[i])}·{int(pp[i])}" + ("" if cp[i] == 1 else f"·{int(cp[i])}")
         if math.isnan(dp[i]) and not math.isnan(ng[i]):
             if ng[i] % model_par:
                 problems.add(
                     i, "tp", int(tp[i]),
-                    f"tp·pp = {int(tp[i])}·{int(pp[i])} = {int(model_par)} to divide"
+                    f"{names} = {degrees} = {int(model_par)} to divide"
                     f" num_gpus = {int(ng[i])}",
                 )  # fmt: skip
                 continue
@@ -383,7 +422,7 @@ def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:
         elif not math.isnan(ng[i]) and dp[i] * model_par != ng[i]:
             problems.add(
                 i, "dp", int(dp[i]),
-                f"dp·tp·pp = {int(dp[i])}·{int(tp[i])}·{int(pp[i])} = {int(dp[i] * model_par)}"
+                f"dp·{names} = {int(dp[i])}·{degrees} = {int(dp[i] * model_par)}"
                 f" to equal num_gpus = {int(ng[i])}",
             )  # fmt: skip
     df["num_gpus"] = ng

@@ -35,6 +35,12 @@ DIM_COLUMNS = (
     "ffn_hidden_size",
     "seq_len",
     "vocab_size",
+    "num_experts",
+    "experts_per_token",
+    "moe_ffn_hidden_size",
+    "shared_experts",
+    "dense_layers",
+    "head_dim",
 )
 # the columns a custom transformer must give, and the MLP columns of `aisim measure --params` rows
 _CUSTOM_TRANSFORMER = ("num_layers", "hidden_size", "num_heads", "seq_len")
@@ -57,6 +63,12 @@ KNOB_COLUMNS = (
     "schedule",
     "dp_overlap",
     "fused_attention",
+    "cp",
+    "ep",
+    "etp",
+    "shard_size",
+    "recompute_layers",
+    "tp_overlap",
 )
 # knobs a row may leave blank for `predict` to search, and their defaults otherwise
 SEARCHABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel", "tp", "pp")
@@ -163,6 +175,10 @@ def _preset_dims(row: pd.Series, m: Model, dims: dict[str, Any]) -> dict[str, An
             "ffn_hidden_size": hidden,
         }
     dims = dict(dims)
+    if dims["num_experts"] and dims["moe_ffn_hidden_size"] is None:
+        # a row that makes a dense preset MoE: experts of the preset's MLP size unless it says
+        if not float(m.spec.moe_ffn_hidden_size):
+            dims["moe_ffn_hidden_size"] = dims["ffn_hidden_size"] or int(m.spec.ffn_hidden_size)
     if dims["hidden_size"] is not None and dims["ffn_hidden_size"] is None:
         # a preset with the usual 4h MLP keeps the ratio when only the hidden size changes
         if float(m.spec.ffn_hidden_size) == 4.0 * float(m.spec.hidden_size):
@@ -238,22 +254,29 @@ def default_micro_batch(knobs: dict[str, Any]) -> int:
 
 
 def _degrees(k: dict[str, Any]) -> dict[str, Any]:
-    """tp, pp, num_gpus and dp of a row's knobs: blanks become 1, ``dp`` follows the others.
+    """tp, pp, cp, num_gpus and dp of a row's knobs: blanks become 1, ``dp`` follows the others.
 
     A ``dp`` that no longer matches (a search tried other tp/pp) is dropped and derived again;
-    when tp·pp does not divide the GPUs, ``strategy_from_knobs`` reports it.
+    when tp·cp·pp does not divide the GPUs, ``strategy_from_knobs`` reports it.
     """
     tp = int(k["tp"] or 1)
     pp = int(k["pp"] or 1)
+    cp = int(k.get("cp") or 1)
     num_gpus = k["num_gpus"]
     dp = k["dp"]
     if num_gpus is None:
-        num_gpus = int(dp or 1) * tp * pp
-    if dp is not None and int(dp) * tp * pp != int(num_gpus):
+        num_gpus = int(dp or 1) * tp * pp * cp
+    if dp is not None and int(dp) * tp * pp * cp != int(num_gpus):
         dp = None
-    if dp is None and int(num_gpus) % (tp * pp) == 0:
-        dp = int(num_gpus) // (tp * pp)
-    return {"tp": tp, "pp": pp, "num_gpus": int(num_gpus), "dp": None if dp is None else int(dp)}
+    if dp is None and int(num_gpus) % (tp * pp * cp) == 0:
+        dp = int(num_gpus) // (tp * pp * cp)
+    return {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "num_gpus": int(num_gpus),
+        "dp": None if dp is None else int(dp),
+    }
 
 
 def _schedule(k: dict[str, Any], interleave: int, where: str) -> str:
@@ -306,6 +329,14 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
             dp_overlap=True if k["dp_overlap"] is None else bool(k["dp_overlap"]),
             fused_attention=bool(k["fused_attention"] or False),
             gpus_per_node=int(gpn),
+            cp=k["cp"],
+            ep=int(k.get("ep") or 1),
+            etp=int(k.get("etp") or 1),
+            shard_size=int(k.get("shard_size") or 0),
+            recompute_layers=int(k.get("recompute_layers") or 0),
+            tp_overlap=bool(k.get("tp_overlap") or False),
+            num_experts=int(spec.num_experts),
+            seq_len=int(spec.seq_len) if is_tf else None,
         )
     except AisimError as e:
         raise _relabel(e, rc.where) from None

@@ -62,6 +62,7 @@ _DIRECT = {
     "pipeline_model_parallel_size": "pp",
     "context_parallel_size": "cp",
     "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
     "world_size": "num_gpus",
     "num_layers": "num_layers",
     "hidden_size": "hidden_size",
@@ -72,6 +73,8 @@ _DIRECT = {
     "global_batch_size": "global_batch_size",
     "num_experts": "num_experts",
     "moe_router_topk": "experts_per_token",
+    "moe_ffn_hidden_size": "moe_ffn_hidden_size",
+    "tp_comm_overlap": "tp_overlap",
     "sequence_parallel": "sequence_parallel",
     "swiglu": "swiglu",
     "padded_vocab_size": "vocab_size",
@@ -81,7 +84,7 @@ _DIRECT = {
 _IDENTITY = tuple(_DIRECT) + (
     "num_query_groups", "group_query_attention", "recompute_granularity", "bf16", "fp16", "fp8",
     "use_distributed_optimizer", "virtual_pipeline_model_parallel_size",
-    "num_layers_per_virtual_pipeline_stage",
+    "num_layers_per_virtual_pipeline_stage", "recompute_method", "recompute_num_layers",
 )  # fmt: skip
 
 
@@ -228,6 +231,14 @@ def _config(b: RowBuilder, args: Mapping[str, tuple[Any, int]]) -> None:
         b.put("num_kv_heads", arg("num_attention_heads"), line("num_attention_heads"))
     if "recompute_granularity" in args:
         b.put("recompute", arg("recompute_granularity") or "none", line("recompute_granularity"))
+    if arg("recompute_granularity") == "full" and arg("recompute_method") == "block":
+        # "block" recomputes the first recompute_num_layers layers of each stage; "uniform"
+        # recomputes every layer (in groups of recompute_num_layers): the default 0 = all
+        if arg("recompute_num_layers"):
+            b.put("recompute_layers", arg("recompute_num_layers"), line("recompute_num_layers"))
+    if "fp8" in args:
+        # --fp8-format (e4m3 or hybrid) turns on Transformer Engine's FP8 GEMMs
+        b.put("fp8", bool(arg("fp8")), line("fp8"))
     for name, dtype in (("fp8", "fp8"), ("bf16", "bf16"), ("fp16", "fp16")):
         if arg(name):
             b.put("dtype", dtype, line(name))
@@ -251,8 +262,9 @@ def _config(b: RowBuilder, args: Mapping[str, tuple[Any, int]]) -> None:
 def _derive(b: RowBuilder) -> None:
     tp, pp, cp = b.get("tp", 1), b.get("pp", 1), b.get("cp", 1)
     n = b.require("num_gpus", "the number of GPUs (world size)")
-    if b.get("dp") is None and cp == 1 and n % (tp * pp) == 0:
-        b.put("dp", n // (tp * pp), "derived")
+    if b.get("dp") is None and n % (tp * pp * cp) == 0:
+        # Megatron-Core's data_parallel_size = world / (tp·pp·cp)
+        b.put("dp", n // (tp * pp * cp), "derived")
     if b.get("model") is None:
         b.require("num_layers", "the model shape (number of layers)", via="model")
         b.require("hidden_size", "the model shape (hidden size)", via="model")
