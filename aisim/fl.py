@@ -212,6 +212,7 @@ def _print_human(result, out_dir) -> None:
 
     s = result.summary
     tail = result.metrics.dropna(subset=["test_accuracy"]).tail(5)
+    tail = tail.dropna(axis=1, how="all")  # epsilon and clip_norm exist only with dpfedavg
     console.print(rich_table(tail, title=f"{s['algorithm']} on {s['dataset']} ({s['model']})"))
     console.print(
         f"final test accuracy {s['final_test_accuracy']}, best {s['best_test_accuracy']}, "

@@ -235,7 +235,8 @@ def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
             where,
             "stragglers",
             cfg.stragglers,
-            "0 with local_epochs 1 (FedProx's stragglers do 1..E−1 epochs)",
+            "0 with one local epoch (FedProx's stragglers do 1..E−1 epochs)",
+            hint="raise {local_epochs}",
         )
     from fl.partition import DIRICHLET_FORMS
 

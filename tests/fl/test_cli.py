@@ -127,7 +127,7 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
         (["--dataset", "digits", "--iid"], "'--iid' = True: expected False here"),
         (["--algorithm", "dpfedavg", "--sampling", "size"], "'--sampling' = 'size'"),
         (["--clip-quantile", "0.9"], "--clip-quantile"),
-        (["--algorithm", "fedprox", "--stragglers", "0.5"], "1..E−1 epochs"),
+        (["--algorithm", "fedprox", "--stragglers", "0.5"], "epochs); raise --local-epochs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
