@@ -196,3 +196,17 @@ def test_settings_without_effect_are_errors(change, field):
     with pytest.raises(AisimError) as e:
         validate(ExperimentConfig(**change))
     assert e.value.field == field and e.value.usage
+
+
+def test_dp_adaptive_clip_resumes_bit_exactly(tmp_path):
+    cfg = ExperimentConfig(
+        **dict(FEDPROX, rounds=5, checkpoint_every=2),
+        algorithm="dpfedavg",
+        noise_multiplier=0.5,
+        adaptive_clip=True,
+    )
+    full = simulate(cfg, tmp_path / "a").metrics
+    simulate(cfg, tmp_path / "b", stop_after=3)
+    resumed = simulate(cfg, tmp_path / "b", resume=True).metrics
+    assert full.equals(resumed)
+    assert full["clip_norm"].nunique() == 5

@@ -33,8 +33,11 @@ def test_fedprox_stragglers_synthetic_1_1():
         ExperimentConfig(**FEDPROX, rounds=20, algorithm="fedprox", mu=1.0, stragglers=0.9)
     )
     a, p = avg.metrics["train_loss"].to_numpy(), prox.metrics["train_loss"].to_numpy()
-    # FedAvg: the loss climbs above where it started and ends far above FedProx's.
-    assert a.max() > 1.2 * a[0] and (a[-1] > a[0] or not np.isfinite(a[-1]))
+    # FedAvg (exactly 9 of 10 straggle and are dropped, as in FedProx's reference code): the loss
+    # climbs above where it started and does not settle (the last five rounds stay above 0.8 of
+    # the start), ending far above FedProx's.
+    assert a.max() > 1.2 * a[0]
+    assert not np.all(np.isfinite(a[-5:])) or a[-5:].mean() > 0.8 * a[0]
     # FedProx: converges, ending well below its start and below FedAvg.
     assert p[-1] < 0.4 * p[0] and p[-1] < 0.5 * a[-1]
     assert prox.metrics["clients_kept"].mean() > 3 * avg.metrics["clients_kept"].mean()
