@@ -188,12 +188,12 @@ TERM_HEADERS = {
     "overhead_s": "overhead",
 }
 TOP_DROP = (
-    "cp",
-    "ep",
     "overhead",
     "optim",
     "p2p",
     "$/Mtok",
+    "cp",
+    "ep",
     "dp",
     "tp",
     "bubble",
@@ -222,10 +222,18 @@ def _term_cells(breakdown: dict) -> list[str]:
 
 
 def _drop_order(rows: list[dict]) -> list[str]:
-    """:data:`TOP_DROP` with the terms that are zero in every row first: a dense model's ep
-    column goes before its dp column, a MoE model keeps ep longer than its zero cp."""
-    zero = [TERM_HEADERS[k] for k in BREAKDOWN_TERMS if all(r["breakdown"][k] == 0 for r in rows)]
-    return zero + [h for h in TOP_DROP if h not in zero]
+    """The columns to hide when the terminal is narrow, first hidden first: :data:`TOP_DROP`,
+    with its breakdown terms reordered by their largest value in the rows (zero terms first,
+    the dominating ones last), so a dense model loses its empty cp and ep columns and a MoE
+    model keeps ep while it matters."""
+    header_of = {h: k for k, h in TERM_HEADERS.items()}
+    slots = [h for h in TOP_DROP if h in header_of]
+    # what the table shows: a term printed as 0.000 in every row is as good as zero
+    largest = {h: round(max(r["breakdown"][header_of[h]] for r in rows), 3) for h in slots}
+    zero = [h for h in slots if largest[h] == 0]
+    rest = [h for h in TOP_DROP if h not in zero]
+    ranked = iter(sorted((h for h in rest if h in header_of), key=lambda h: largest[h]))
+    return zero + [next(ranked) if h in header_of else h for h in rest]
 
 
 def _varying(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
