@@ -191,18 +191,23 @@ def _check_schedule(
     schedule: Schedule, interleave: int, pp: int, num_layers: int, num_microbatches: int
 ) -> None:
     """The interleaved 1F1B schedule (Narayanan et al. SC21 §2.2.2) needs pp > 1, v >= 2 chunks
-    with pp·v dividing the layers and a multiple of pp microbatches; other schedules have v = 1."""
+    with pp·v dividing the layers (L, L+1 or L+2 with the embedding and loss counted as layers)
+    and a multiple of pp microbatches; other schedules have v = 1."""
     if schedule == Schedule.INTERLEAVED:
         if interleave < 2:
             raise bad_value(
                 None, "interleave", interleave, "at least 2 chunks for the interleaved schedule"
             )
-        if pp < 2 or num_layers % (pp * interleave):
+        # the embedding and the loss may count as a layer each (Megatron-Core's
+        # account_for_embedding/loss_in_pipeline_split), as the step model's validity allows
+        chunks = pp * interleave
+        if pp < 2 or all((num_layers + extra) % chunks for extra in (0, 1, 2)):
             raise bad_value(
                 None,
                 "interleave",
                 interleave,
-                f"a number of chunks with pp·interleave dividing the {num_layers} layers (pp={pp})",
+                f"a number of chunks with pp·interleave dividing the {num_layers} layers, or "
+                f"them plus the embedding and/or the loss (pp={pp})",
             )
         if num_microbatches % pp:
             raise bad_value(

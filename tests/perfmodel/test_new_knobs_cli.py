@@ -217,3 +217,14 @@ def test_narrow_table_hides_empty_then_small_terms_first():
     assert set(order[: len(zero)]) == set(zero)
     shown = [h for h in order if h in ("optim", "dp", "ep", "compute")]
     assert shown == ["optim", "dp", "ep", "compute"]  # smallest hidden first
+
+
+def test_interleaved_chunks_may_count_the_embedding_and_loss():
+    """Qwen3-235B's 94 layers on pp 8 × 4 chunks: 94 + 2 = 96 = 32 chunks of 3 (Megatron-Core's
+    account_for_embedding/loss_in_pipeline_split), as the step model's validity allows."""
+    shape = dict(SHAPE, num_layers=94, num_gpus=64, pp=8, global_batch=64)
+    s = strategy_from_knobs(**shape, interleave=4)
+    assert (float(s.interleave), float(s.num_microbatches)) == (4, 8)
+    with pytest.raises(AisimError) as e:
+        strategy_from_knobs(**shape, interleave=5)  # 40 chunks divide none of 94, 95, 96
+    assert e.value.field == "interleave"
