@@ -7,7 +7,9 @@
   executable XLA built for the same HLO and flags, so results are unchanged and only compile time
   goes. The folder is set through the environment before JAX is imported, so subprocesses inherit
   it, and it is removed at exit. A cache the caller already set (``JAX_COMPILATION_CACHE_DIR``)
-  is kept.
+  is kept. The pytest process itself does not write to it: inside one process JAX's in-memory
+  cache already compiles each program once, and serialising some large CPU executables has
+  aborted the process (``executable.serialize()`` in ``put_executable_and_time``).
 """
 
 import atexit
@@ -26,3 +28,4 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_enable_compilation_cache", False)  # subprocesses keep the cache
