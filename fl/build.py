@@ -43,6 +43,7 @@ class Built:
     hyper: rnd.Hyper
     init_state: rnd.ServerState
     eval_sets: tuple
+    local_test: object = None  # fl.personalization.LocalTests with client_eval, else None
 
 
 def client_bytes(model: Model, local: lu.LocalSpec, scaffold: bool) -> float:
@@ -174,6 +175,10 @@ def round_inputs(cfg: ExperimentConfig, ds: fl_data.FederatedData) -> rnd.RoundI
     systems = draw_systems(
         parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1)
     )
+    if cfg.trace is not None:
+        from fl.traces import load_trace
+
+        systems = load_trace(cfg.trace, systems)
     return rnd.RoundInputs(
         data=lu.LocalData(
             x_pool=jnp.asarray(ds.x_train[pop.order]),
@@ -205,6 +210,11 @@ def build(cfg: ExperimentConfig) -> Built:
     """Loads the data, draws the systems, and jits the round for ``cfg``."""
     validate(cfg)
     ds = load_data(cfg)
+    local_test = None
+    if cfg.client_eval:  # each client's local test rows leave its training rows
+        from fl.personalization import split_local
+
+        ds, local_test = split_local(ds, cfg.local_test_fraction, cfg.seed)
     pop = ds.population
     model_name = cfg.model or DEFAULT_MODEL[cfg.dataset]
     model = _cached(
@@ -255,4 +265,10 @@ def build(cfg: ExperimentConfig) -> Built:
         (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
         (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
     )
-    return Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper_of(cfg), state, eval_sets)
+    b = Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper_of(cfg), state, eval_sets)
+    b = dataclasses.replace(b, local_test=local_test)
+    if cfg.algorithm == "fedbuff":
+        from fl.asynchronous import build_async
+
+        b = build_async(b, _cached, static)
+    return b

@@ -71,6 +71,14 @@ class ExperimentConfig:
     checkpoint_every: int = 10
     target_accuracy: float | None = None
     shard: bool = True
+    buffer_size: int = 10
+    concurrency: int = 20
+    trace: str | None = None
+    client_eval: bool = False
+    local_test_fraction: float = 0.2
+    personalize: str = "none"
+    finetune_steps: int = 5
+    ditto_lambda: float = 0.1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -246,6 +254,58 @@ def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
 
     if cfg.adaptive_form not in ADAPTIVE_FORMS:
         raise unknown_name("adaptive_form", cfg.adaptive_form, ADAPTIVE_FORMS, "form")
+    _check_async_and_clients(cfg, where, unused, moved)
+
+
+PERSONALIZE = ("none", "finetune", "ditto")
+
+
+def _check_async_and_clients(cfg: ExperimentConfig, where: str | None, unused, moved) -> None:
+    """FedBuff, traces and per-client evaluation: ranges, and settings without effect."""
+    for f in ("buffer_size", "concurrency", "finetune_steps"):
+        v = getattr(cfg, f)
+        low = 0 if f == "finetune_steps" else 1
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise bad_value(where, f, v, f"an integer >= {low}")
+    if cfg.algorithm == "fedbuff":
+        if cfg.concurrency > cfg.clients:
+            raise bad_value(
+                where, "concurrency", cfg.concurrency, f"at most the population size, {cfg.clients}"
+            )
+        why = "FedBuff keeps concurrency clients in flight instead of rounds of a cohort"
+        for f in ("clients_per_round", "stragglers", "deadline_s", "sampling"):
+            if moved(f):
+                unused(f, why)
+    else:
+        for f in ("buffer_size", "concurrency"):
+            if moved(f):
+                unused(f, "it belongs to fedbuff")
+    if cfg.trace is not None and cfg.sampling != "uniform":
+        raise bad_value(
+            where, "sampling", cfg.sampling, "uniform with a trace (among the available clients)"
+        )
+    if cfg.personalize not in PERSONALIZE:
+        raise unknown_name("personalize", cfg.personalize, PERSONALIZE, "personalization")
+    if not 0 < cfg.local_test_fraction < 1:
+        raise bad_value(
+            where, "local_test_fraction", cfg.local_test_fraction, "a fraction in (0, 1)"
+        )
+    if not cfg.ditto_lambda >= 0:
+        raise bad_value(where, "ditto_lambda", cfg.ditto_lambda, "a number >= 0")
+    if moved("local_test_fraction") and not cfg.client_eval:
+        unused("local_test_fraction", "it splits the local test sets of client_eval")
+    if moved("personalize") and not cfg.client_eval:
+        unused("personalize", "personal models are evaluated per client; turn on client_eval")
+    if moved("finetune_steps") and cfg.personalize != "finetune":
+        unused("finetune_steps", "it belongs to personalize = finetune")
+    if moved("ditto_lambda") and cfg.personalize != "ditto":
+        unused("ditto_lambda", "it belongs to personalize = ditto")
+    if cfg.personalize == "ditto" and cfg.algorithm == "fedbuff":
+        raise bad_value(
+            where, "personalize", "ditto", "none or finetune with fedbuff (Ditto trains per round)"
+        )
+    if cfg.client_eval and cfg.dataset == "synthetic" and cfg.clients > 10_000:
+        unused("client_eval", "populations above 10,000 clients are overlapping windows")
 
 
 def _coerce(path: str, key: str, value, field: dataclasses.Field):

@@ -15,6 +15,11 @@ communication (including waiting), serialisation and other work. Three layers:
 - text (:mod:`perfmodel.collab_text`): :func:`scenario_from_text` and :func:`parse_sizes` for
   settings typed as words (``"1Gbps"``, ``"10M,100M"``).
 
+Real models across sites (each site a cluster timed by :func:`perfmodel.estimate`, DiLoCo-style
+rounds): :class:`CrossSite`, :func:`evaluate`, :func:`cross_site_frame` (:mod:`perfmodel.collab_real`)
+over the jittable round model :class:`SiteRate`, :class:`WanRound`, :func:`cross_site_round`,
+:func:`round_grid` (:mod:`perfmodel.collab_sites`; modes in :data:`ROUND_MODES`).
+
 Fitting the constants to measured shares is :func:`calibration.fit_collab`; measuring
 serialisation throughput is :func:`calibration.serde.measure_serde`.
 
@@ -44,6 +49,7 @@ from perfmodel.collab_model import (
     stack,
     sweep,
 )
+from perfmodel.collab_real import CrossSite, CrossSiteResult, cross_site_frame, evaluate
 from perfmodel.collab_scenario import (
     SERDE_DEFAULT_BYTES_PER_S,
     Scenario,
@@ -55,6 +61,16 @@ from perfmodel.collab_scenario import (
     size_models,
     sweep_frame,
     timeline_frame,
+)
+from perfmodel.collab_sites import (
+    PAYLOAD_BYTES,
+    ROUND_MODES,
+    SYNC_TOPOLOGIES,
+    CrossSiteRound,
+    SiteRate,
+    WanRound,
+    cross_site_round,
+    round_grid,
 )
 from perfmodel.collab_text import parse_sizes, scenario_from_text
 
@@ -90,4 +106,17 @@ __all__ = [
     # text
     "scenario_from_text",
     "parse_sizes",
+    # real models across sites
+    "ROUND_MODES",
+    "SYNC_TOPOLOGIES",
+    "PAYLOAD_BYTES",
+    "SiteRate",
+    "WanRound",
+    "CrossSiteRound",
+    "cross_site_round",
+    "round_grid",
+    "CrossSite",
+    "CrossSiteResult",
+    "evaluate",
+    "cross_site_frame",
 ]
