@@ -1,4 +1,5 @@
-"""`aisim collab`: cross-site collaborative training efficiency (sweep, fit, measure-serde).
+"""`aisim collab`: cross-site collaborative training efficiency (sweep, fit, validate,
+measure-serde).
 
 ``sweep`` prints one row per model size with the source table's columns (total task time, and per
 client the compute utilisation and the communication, serialisation and other shares) from
@@ -913,6 +914,63 @@ def _values_frame(values: dict[str, float]):
     import pandas as pd
 
     return pd.DataFrame({"constant": list(values), "value": list(values.values())})
+
+
+@app.command("validate")
+def validate(
+    runs: Annotated[
+        Path | None,
+        typer.Argument(help="Table of published cross-site runs (default: the shipped one)."),
+    ] = None,
+    out: Annotated[Path | None, _opt(help="Write the table (.csv, .parquet or .json).")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Published cross-site runs (INTELLECT-1, Covenant-72B) against `sweep --model`:
+    uncalibrated, then with one WAN efficiency fitted on the run marked `fit`."""
+    with guard(REAL_FLAGS):
+        from calibration.collab_fit import validate_crosssite
+
+        check_out_suffix(out)
+        v = validate_crosssite(runs)
+        if out is not None:
+            write_table(v.table, out)
+        if json_out:
+            print_json(
+                {
+                    "fitted_wan_efficiency": v.fitted_wan_efficiency,
+                    "heldout_mean_abs_error_pp": v.heldout_mean_abs_error_pp,
+                    "heldout_max_abs_error_pp": v.heldout_max_abs_error_pp,
+                    "runs": v.table.to_dict(orient="records"),
+                }
+            )
+            return
+        cols = {
+            "run": "run",
+            "role": "role",
+            "published_pct": "published %",
+            "uncalibrated_pct": "uncalibrated %",
+            "fitted_pct": "fitted %",
+            "fitted_error_pp": "fitted error pp",
+            "published_sync_s": "published sync s",
+            "fitted_sync_s": "fitted sync s",
+            "published_round_compute_s": "published compute s",
+            "predicted_round_compute_s": "predicted compute s",
+        }
+        console.print(
+            rich_table(
+                v.table[list(cols)].rename(columns=cols),
+                title="aisim collab validate: compute utilisation of published cross-site runs",
+                float_fmt="{:.1f}",
+            )
+        )
+        console.print(
+            f"WAN efficiency fitted on the fit run: {v.fitted_wan_efficiency:.3f}; held-out "
+            f"|error| mean {v.heldout_mean_abs_error_pp:.1f} pp, max "
+            f"{v.heldout_max_abs_error_pp:.1f} pp",
+            highlight=False,
+        )
+        if out is not None:
+            console.print(f"wrote {out}", highlight=False)
 
 
 @app.command("measure-serde")

@@ -55,7 +55,10 @@ def run(
     lr: Annotated[float, _opt(help="Client SGD learning rate.")] = 0.01,
     algorithm: Annotated[
         str,
-        _opt(help="fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, scaffold or dpfedavg."),
+        _opt(
+            help="fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, scaffold, dpfedavg "
+            "or fedbuff (asynchronous; --rounds counts server updates)."
+        ),
     ] = "fedavg",
     mu: Annotated[float, _opt(help="FedProx proximal weight μ.")] = 0.0,
     server_lr: Annotated[
@@ -120,6 +123,14 @@ def run(
         float | None, _opt(help="Report rounds and time to this test accuracy.")
     ] = None,
     shard: Annotated[bool, _opt(help="Shard the client axis over all JAX devices.")] = True,
+    buffer_size: Annotated[
+        int, _opt(help="fedbuff: client updates K per server update (Nguyen et al. 2022).")
+    ] = 10,
+    concurrency: Annotated[int, _opt(help="fedbuff: clients in flight C.")] = 20,
+    trace: Annotated[
+        str | None,
+        _opt(help="Per-client availability and speed trace CSV (see aisim fl trace)."),
+    ] = None,
     config: Annotated[
         Path | None, _opt("--config", help="EXPERIMENT.toml with the same option names.")
     ] = None,

@@ -446,3 +446,222 @@ def fit_collab(table: CollabTable, scenario: collab.Scenario) -> CollabFit:
         loss=float(loss),
         num_fitted_values=int(given_mask.sum()),
     )
+
+
+# ------------------------------------------------------------ published cross-site runs
+# (real models, each site a cluster: `calibration/data/crosssite_runs.csv`)
+
+CROSSSITE_RUNS = "crosssite_runs.csv"
+_RUN_TEXT = ("run", "role", "source", "model", "hardware", "recompute", "mode")
+_RUN_TEXT += ("compression", "topology")
+_RUN_INTS = ("num_layers", "seq_len", "sites", "gpus_per_site", "batch_size", "micro_batch_size")
+_RUN_INTS += ("zero", "fused_attention", "local_steps", "overlap")
+_RUN_FLOATS = ("wan_up_gbps", "wan_down_gbps", "published_compute_utilization_pct")
+_RUN_OPTIONAL = ("vocab_size", "topk_fraction", "server_gbps", "published_sync_s")
+_RUN_OPTIONAL += ("published_round_compute_s", "published_mfu_pct")
+
+
+def crosssite_runs_path() -> Path:
+    """The shipped table of published cross-site runs (see ``crosssite_SOURCES.md``)."""
+    return Path(__file__).resolve().parent / "data" / CROSSSITE_RUNS
+
+
+def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
+    """Reads and validates a table of published cross-site runs (one row per run).
+
+    Columns: ``run``, ``role`` (``fit`` or ``heldout``), the model (a preset, ``num_layers``,
+    optional ``vocab_size``, ``seq_len``), the sites (``hardware``, ``sites``,
+    ``gpus_per_site``, ``batch_size`` sequences per site per inner step, ``micro_batch_size``,
+    ``zero``, ``recompute``, ``fused_attention``), the round (``mode``, ``local_steps``,
+    ``compression``, optional ``topk_fraction``, ``topology``, ``overlap``), the links
+    (``wan_up_gbps``, ``wan_down_gbps``, optional ``server_gbps``) and the published values
+    (``published_compute_utilization_pct``; optional ``published_sync_s``,
+    ``published_round_compute_s``, ``published_mfu_pct``).
+
+    Raises:
+      AisimError: a missing column, a bad value (naming the file, ``row N: column`` and the
+        value), or not exactly one ``fit`` row.
+    """
+    path = crosssite_runs_path() if path is None else Path(path)
+    df = pd.read_csv(io.StringIO(read_text(path, what="cross-site runs table")))
+    where = str(path)
+    for col in _RUN_TEXT + _RUN_INTS + _RUN_FLOATS + _RUN_OPTIONAL:
+        if col not in df.columns:
+            raise AisimError(source=where, field=col, expected="a column of the cross-site table")
+    for i, r in df.iterrows():
+        for col in _RUN_INTS:
+            v = r[col]
+            if not (isinstance(v, int | np.integer | float) and math.isfinite(v) and v >= 0):
+                raise bad_value(where, f"row {i + 1}: {col}", v, "a non-negative integer")
+        for col in _RUN_FLOATS:
+            if not (math.isfinite(float(r[col])) and float(r[col]) > 0):
+                raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number")
+        if r["role"] not in ("fit", "heldout"):
+            raise bad_value(where, f"row {i + 1}: role", r["role"], "fit or heldout")
+    if int((df["role"] == "fit").sum()) != 1:
+        raise bad_value(where, "role", int((df["role"] == "fit").sum()), "exactly one fit row")
+    return df
+
+
+def crosssite_of_run(row, wan_efficiency: float | None = None):
+    """The :class:`perfmodel.collab.CrossSite` of one published run (``wan_efficiency`` None:
+    the hardware preset's WAN efficiency, the uncalibrated prediction)."""
+    from perfmodel import load_hardware, resolve_model
+
+    dims = dict(num_layers=int(row["num_layers"]), seq_len=int(row["seq_len"]))
+    if not pd.isna(row["vocab_size"]):
+        dims["vocab_size"] = int(row["vocab_size"])
+    m = resolve_model(row["model"], **dims)
+    hw = load_hardware(row["hardware"])
+    eff = float(hw.constants.link_bandwidth_efficiency[collab.WAN])
+    gbps = 1e9 / 8.0
+    return collab.CrossSite(
+        model=m,
+        hardware=(hw,) * int(row["sites"]),
+        devices=(int(row["gpus_per_site"]),),
+        batch_size=(int(row["batch_size"]),),
+        knobs=dict(
+            tp=1,
+            pp=1,
+            zero_stage=int(row["zero"]),
+            recompute=row["recompute"],
+            micro_batch_size=int(row["micro_batch_size"]),
+            fused_attention=bool(row["fused_attention"]),
+            dtype="bf16",
+        ),
+        up_bytes_per_s=(float(row["wan_up_gbps"]) * gbps,),
+        down_bytes_per_s=(float(row["wan_down_gbps"]) * gbps,),
+        latency_s=(float(hw.constants.link_latency_s[collab.WAN]),),
+        mode=row["mode"],
+        topology=row["topology"],
+        compression=row["compression"],
+        overlap=bool(row["overlap"]),
+        wan_efficiency=eff if wan_efficiency is None else float(wan_efficiency),
+        topk_fraction=0.01 if pd.isna(row["topk_fraction"]) else float(row["topk_fraction"]),
+        server_bytes_per_s=None if pd.isna(row["server_gbps"]) else row["server_gbps"] * gbps,
+    )
+
+
+_jit_round = jax.jit(collab.cross_site_round)
+
+
+class _RunModel:
+    """One published run, its inner steps timed once: the round at any WAN efficiency."""
+
+    def __init__(self, row):
+        self.row = row
+        self.cs = crosssite_of_run(row)
+        self.h = int(row["local_steps"])
+        self.res = collab.evaluate(self.cs, (self.h,))
+        self.sites = collab.site_rates(self.cs, self.res.estimates)
+        params = float(self.res.estimates[0].to_dict()["params"])
+        own = list(np.asarray(self.sites.up_bytes_per_s))
+        own += list(np.asarray(self.sites.down_bytes_per_s))
+        self.base = collab.make_round(self.cs, params, self.h, own)
+
+    @property
+    def preset_efficiency(self) -> float:
+        return float(self.cs.wan_efficiency)
+
+    def round(self, eff: float):
+        r = dataclasses.replace(self.base, wan_efficiency=jnp.asarray(eff, jnp.float32))
+        return _jit_round(self.sites, r)
+
+    def predict(self, eff: float | None) -> dict[str, float]:
+        r = self.round(self.preset_efficiency if eff is None else eff)
+        inner = float(self.res.estimates[0].step_time_s)
+        return {
+            "inner_step_s": inner,
+            "round_compute_s": inner * self.h,
+            "sync_s": float(r.sync_s),
+            "compute_utilization_pct": float(r.compute_utilization_pct),
+            "mfu_pct": 100.0 * float(self.res.estimates[0].breakdown.mfu),
+        }
+
+
+def fit_wan_efficiency(row, lo: float = 1e-3, hi: float = 1e3, iters: int = 60) -> float:
+    """The one WAN efficiency at which the round model reproduces a run's published compute
+    utilisation: utilisation rises monotonically with the efficiency, so bisection on its
+    logarithm finds it (one scalar: no optimiser needed). The inner steps are timed once.
+
+    Raises:
+      AisimError: no efficiency in ``[lo, hi]`` reaches the published utilisation.
+    """
+    return _fit(_RunModel(row), lo, hi, iters)
+
+
+def _fit(run: _RunModel, lo: float, hi: float, iters: int) -> float:
+    target = float(run.row["published_compute_utilization_pct"])
+
+    def util(eff: float) -> float:
+        return float(run.round(eff).compute_utilization_pct)
+
+    if not util(lo) <= target <= util(hi):
+        raise bad_value(
+            str(run.row["run"]),
+            "published_compute_utilization_pct",
+            target,
+            f"a utilisation the model reaches with a WAN efficiency in [{lo:g}, {hi:g}]",
+        )
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = 0.5 * (a + b)
+        a, b = (mid, b) if util(math.exp(mid)) < target else (a, mid)
+    return math.exp(0.5 * (a + b))
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossSiteValidation:
+    """Published cross-site runs against the model: uncalibrated, and after fitting one WAN
+    efficiency on the ``fit`` run (``table`` one row per run; errors in percentage points)."""
+
+    table: pd.DataFrame
+    fitted_wan_efficiency: float
+    heldout_mean_abs_error_pp: float
+    heldout_max_abs_error_pp: float
+
+
+def validate_crosssite(path: str | Path | None = None) -> CrossSiteValidation:
+    """Predicts every run of the table uncalibrated (the preset's WAN efficiency), fits the WAN
+    efficiency on the ``fit`` run (:func:`fit_wan_efficiency`) and predicts every run again.
+
+    Columns of ``table``: ``run``, ``role``, ``published_pct``, ``uncalibrated_pct``,
+    ``fitted_pct``, ``uncalibrated_error_pp``, ``fitted_error_pp`` (prediction − published),
+    ``published_sync_s``, ``uncalibrated_sync_s``, ``fitted_sync_s``, ``published_round_compute_s``,
+    ``predicted_round_compute_s``, ``published_mfu_pct``, ``predicted_mfu_pct`` (no sync).
+    """
+    runs = load_crosssite_runs(path)
+    models = [_RunModel(row) for _, row in runs.iterrows()]
+    eff = _fit(next(m for m in models if m.row["role"] == "fit"), 1e-3, 1e3, 60)
+    recs = []
+    for m in models:
+        row = m.row
+        u = m.predict(None)
+        f = m.predict(eff)
+        pub = float(row["published_compute_utilization_pct"])
+        recs.append(
+            {
+                "run": row["run"],
+                "role": row["role"],
+                "published_pct": pub,
+                "uncalibrated_pct": u["compute_utilization_pct"],
+                "fitted_pct": f["compute_utilization_pct"],
+                "uncalibrated_error_pp": u["compute_utilization_pct"] - pub,
+                "fitted_error_pp": f["compute_utilization_pct"] - pub,
+                "published_sync_s": row["published_sync_s"],
+                "uncalibrated_sync_s": u["sync_s"],
+                "fitted_sync_s": f["sync_s"],
+                "published_round_compute_s": row["published_round_compute_s"],
+                "predicted_round_compute_s": u["round_compute_s"],
+                "published_mfu_pct": row["published_mfu_pct"],
+                "predicted_mfu_pct": u["mfu_pct"],
+            }
+        )
+    table = pd.DataFrame(recs)
+    held = table[table["role"] == "heldout"]["fitted_error_pp"].abs()
+    return CrossSiteValidation(
+        table=table,
+        fitted_wan_efficiency=eff,
+        heldout_mean_abs_error_pp=float(held.mean()),
+        heldout_max_abs_error_pp=float(held.max()),
+    )

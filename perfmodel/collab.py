@@ -49,7 +49,14 @@ from perfmodel.collab_model import (
     stack,
     sweep,
 )
-from perfmodel.collab_real import CrossSite, CrossSiteResult, cross_site_frame, evaluate
+from perfmodel.collab_real import (
+    CrossSite,
+    CrossSiteResult,
+    cross_site_frame,
+    evaluate,
+    make_round,
+    site_rates,
+)
 from perfmodel.collab_scenario import (
     SERDE_DEFAULT_BYTES_PER_S,
     Scenario,
@@ -119,4 +126,6 @@ __all__ = [
     "CrossSiteResult",
     "evaluate",
     "cross_site_frame",
+    "site_rates",
+    "make_round",
 ]
