@@ -131,6 +131,20 @@ def run(
         str | None,
         _opt(help="Per-client availability and speed trace CSV (see aisim fl trace)."),
     ] = None,
+    coordinator: Annotated[
+        str | None,
+        _opt(
+            help="Several processes or hosts: HOST:PORT of process 0's jax.distributed service "
+            "(or JAX_COORDINATOR_ADDRESS)."
+        ),
+    ] = None,
+    num_processes: Annotated[
+        int | None, _opt(help="Several processes: how many (or JAX_NUM_PROCESSES).")
+    ] = None,
+    process_id: Annotated[
+        int | None,
+        _opt(help="Several processes: this one's id, 0..N-1; 0 writes (or JAX_PROCESS_ID)."),
+    ] = None,
     config: Annotated[
         Path | None, _opt("--config", help="EXPERIMENT.toml with the same option names.")
     ] = None,
@@ -141,6 +155,15 @@ def run(
 ) -> None:
     """Simulate federated training; one metrics row per round."""
     with guard(FLAGS):
+        from fl.distributed import initialize, is_writer, process_group
+
+        group = process_group(coordinator, num_processes, process_id)
+        if group is not None:
+            if resume is not None and group.num_processes > 1:
+                raise AisimError("--resume runs in one process; drop --coordinator")
+            # Importing the libraries has started JAX's local backend; nothing made so far is
+            # used by the run, so the distributed backend replaces it.
+            initialize(group, restart_backend=True)
         from fl import ExperimentConfig, load_config_json, load_toml, simulate, validate
 
         from_file: dict[str, str] = {}  # config field -> the file its value came from
@@ -168,7 +191,10 @@ def run(
             raise
         if plot and out_dir is None:
             raise AisimError("--plot draws into the output folder; give --out DIR")
-        result = _run_with_progress(cfg, out_dir, resume is not None, simulate)
+        writer = is_writer()
+        result = _run_with_progress(cfg, out_dir if writer else None, resume is not None, simulate)
+        if not writer:  # process 0 writes and prints the run (fl.distributed)
+            return
         s = result.summary
         if plot and out_dir is not None:
             from fl import plot_accuracy

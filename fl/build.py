@@ -256,13 +256,19 @@ def build(cfg: ExperimentConfig) -> Built:
     if mesh is not None:
         # Replicated over the mesh, as the round returns it: the second round does not recompile.
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        inputs, state = jax.device_put((inputs, state), rep)
+        if jax.process_count() > 1:  # the mesh spans processes (fl.distributed)
+            from fl.distributed import replicate
+
+            inputs, state = replicate((inputs, state), rep)
+        else:
+            inputs, state = jax.device_put((inputs, state), rep)
     evaluate = _cached(
         ("eval", model_name, ds.input_shape, ds.num_classes),
         lambda: jax.jit(rnd.make_evaluate(model.apply)),
     )
+    tr = slice(None) if ds.train_eval_rows is None else ds.train_eval_rows
     eval_sets = (
-        (jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)),
+        (jnp.asarray(ds.x_train[tr]), jnp.asarray(ds.y_train[tr])),
         (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)),
     )
     b = Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper_of(cfg), state, eval_sets)

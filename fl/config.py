@@ -207,8 +207,12 @@ def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
             unused(f, "α and β shape Synthetic(α, β) only")
     if moved("partition") and cfg.dataset == "synthetic":
         unused("partition", "the synthetic data set comes partitioned by device")
+    if moved("partition") and cfg.dataset == "shakespeare":
+        unused("partition", "shakespeare comes partitioned by speaking role")
     for f in ("dirichlet_alpha", "dirichlet_form"):
-        if moved(f) and (cfg.partition != "dirichlet" or cfg.dataset == "synthetic"):
+        if moved(f) and (
+            cfg.partition != "dirichlet" or cfg.dataset in ("synthetic", "shakespeare")
+        ):
             unused(f, "it shapes the dirichlet partition only")
     if moved("server_momentum") and cfg.algorithm != "fedavgm":
         unused("server_momentum", "server momentum is FedAvgM's")

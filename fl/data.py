@@ -1,8 +1,9 @@
-"""Offline federated data sets: FedProx Synthetic(α, β), scikit-learn digits and MNIST-5k.
+"""Offline federated data sets: FedProx Synthetic(α, β), scikit-learn digits, MNIST-5k, Shakespeare.
 
 Contract: every loader returns a :class:`FederatedData` with one shared training pool
 (``x_train``, ``y_train``), a :class:`~fl.partition.Population` saying which pool rows each client
-holds, and a held-out test set. Features are float32, labels int32. Loaders are seeded and pure
+holds, and a held-out test set. Features are float32 (Shakespeare's: uint8 character ids,
+:mod:`fl.shakespeare`), labels int32. Loaders are seeded and pure
 apart from reading bundled files; bad settings raise :class:`~simbase.errors.AisimError`.
 """
 
@@ -17,7 +18,7 @@ from fl import partition as part
 from fl.partition import Population
 from simbase.errors import AisimError, bad_value
 
-DATASETS = ("synthetic", "digits", "mnist")
+DATASETS = ("synthetic", "digits", "mnist", "shakespeare")
 SYNTHETIC_FEATURES = 60
 SYNTHETIC_CLASSES = 10
 MAX_CLIENTS = 1_000_000
@@ -35,6 +36,8 @@ class FederatedData:
       x_test: ``[test *features]`` test features.
       y_test: ``[test]`` test labels.
       num_classes: number of labels.
+      train_eval_rows: the pool rows the train loss is evaluated on (``None``: all of them).
+      client_names: a name per client where the partition is natural (Shakespeare's roles).
     """
 
     name: str
@@ -44,6 +47,8 @@ class FederatedData:
     x_test: Float[np.ndarray, "test ..."]
     y_test: Int[np.ndarray, " test"]
     num_classes: int
+    train_eval_rows: Int[np.ndarray, " rows"] | None = None
+    client_names: tuple[str, ...] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -276,6 +281,10 @@ def load(
         return digits(num_clients, partition, dirichlet_alpha, seed, dirichlet_form=dirichlet_form)
     if name == "mnist":
         return mnist(num_clients, partition, dirichlet_alpha, seed, dirichlet_form=dirichlet_form)
+    if name == "shakespeare":
+        from fl.shakespeare import shakespeare
+
+        return shakespeare(num_clients, seed)
     from fl.config import unknown_name
 
     raise unknown_name("dataset", name, DATASETS, "data set")

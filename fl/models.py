@@ -1,4 +1,4 @@
-"""flax models for FL: multinomial logistic regression, McMahan's 2NN MLP and small CNN.
+"""flax models for FL: multinomial logistic regression, McMahan's 2NN MLP, small CNN, LEAF's LSTM.
 
 Contract: :func:`make_model` returns a :class:`Model` whose ``apply(params, x)`` maps
 ``[batch *features]`` to ``[batch classes]`` logits, with its parameter count, float32 bytes and
@@ -23,8 +23,8 @@ from jaxtyping import Array, Float
 
 from simbase.errors import bad_value
 
-MODELS = ("logreg", "mlp", "2nn", "cnn")
-DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn"}
+MODELS = ("logreg", "mlp", "2nn", "cnn", "lstm")
+DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn", "shakespeare": "lstm"}
 
 
 # Up to this many rows (a local batch), a dense layer's kernel gradient is a sum of outer products.
@@ -131,6 +131,25 @@ class CNN(nn.Module):
         return _dense(self.num_classes, self.outer_product_grad)(x)
 
 
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare model (Caldas et al. 2018, ``models/shakespeare/stacked_lstm.py``): an
+    8-dimensional character embedding, two LSTM layers of 256 units, and a dense layer from the
+    last position's output to the next character's logits. Inputs are character ids."""
+
+    num_classes: int
+    vocab: int
+    hidden: Sequence[int] = (256, 256)
+    embed: int = 8
+    outer_product_grad: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Embed(self.vocab, self.embed)(x.astype(jnp.int32))
+        for width in self.hidden:
+            h = nn.RNN(nn.OptimizedLSTMCell(width))(h)
+        return _dense(self.num_classes, self.outer_product_grad)(h[:, -1])
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
     """A flax model with its costs.
@@ -163,6 +182,17 @@ def _forward_flops(module: nn.Module, params, input_shape) -> float:
     return float(cost.get("flops", 0.0))
 
 
+def _lstm_forward_flops(seq_len: int, embed: int, hidden: Sequence[int], classes: int) -> float:
+    """Forward FLOPs of one sequence through :class:`CharLSTM`: per position and layer, the four
+    gates' ``2·4h(in + h)`` multiply-adds plus about ``10h`` elementwise operations; then the
+    output layer on the last position."""
+    flops, width = 0.0, embed
+    for h in hidden:
+        flops += seq_len * (8.0 * h * (width + h) + 10.0 * h)
+        width = h
+    return flops + 2.0 * width * classes
+
+
 def make_model(
     name: str,
     input_shape: tuple[int, ...],
@@ -173,7 +203,8 @@ def make_model(
     """Builds a model by name (one of :data:`MODELS`; ``2nn`` is the MLP with 200-200).
 
     Args:
-      name: ``logreg``, ``mlp``, ``2nn`` or ``cnn``.
+      name: ``logreg``, ``mlp``, ``2nn``, ``cnn`` or ``lstm`` (character ids in, LEAF's
+        :class:`CharLSTM`; ``hidden`` sets its layer widths, default 256-256).
       input_shape: shape of one sample (``cnn`` needs a square image, flattened or not).
       num_classes: number of output logits.
       hidden: hidden widths for ``mlp`` (default 200-200).
@@ -197,6 +228,11 @@ def make_model(
             )
         module = CNN(num_classes, side, outer_product_grad)
         acts = in_dim + 2 * side * side * 32 + side * side * 64 + 512 + num_classes
+    elif name == "lstm":
+        hid = tuple(hidden) if hidden else (256, 256)
+        module = CharLSTM(num_classes, vocab=num_classes, hidden=hid)
+        # per position: the embedding, and each layer's 4 gates, cell and output
+        acts = in_dim * (module.embed + 6 * sum(hid)) + num_classes
     else:
         from fl.config import unknown_name
 
@@ -210,13 +246,17 @@ def make_model(
     params = jax.eval_shape(init, jax.random.key(0))
     n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
 
+    if name == "lstm":  # XLA's cost analysis counts a scan's body once, not once per position
+        forward = _lstm_forward_flops(in_dim, module.embed, hid, num_classes)
+    else:
+        forward = _forward_flops(module, params, input_shape)
     return Model(
         name=name,
         apply=module.apply,
         init=init,
         num_params=n_params,
         param_bytes=4.0 * n_params,
-        train_flops_per_sample=3.0 * _forward_flops(module, params, input_shape),
+        train_flops_per_sample=3.0 * forward,
         activation_floats_per_sample=float(acts),
     )
 
