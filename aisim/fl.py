@@ -131,6 +131,25 @@ def run(
         str | None,
         _opt(help="Per-client availability and speed trace CSV (see aisim fl trace)."),
     ] = None,
+    client_eval: Annotated[
+        bool,
+        _opt(
+            "--client-eval",
+            help="Evaluate every --eval-every rounds on each client's own local test split.",
+        ),
+    ] = False,
+    local_test_fraction: Annotated[
+        float, _opt(help="--client-eval: share of each client's samples held out for its test.")
+    ] = 0.2,
+    personalize: Annotated[
+        str, _opt(help="--client-eval: none, finetune (local steps) or ditto (Li et al. 2021).")
+    ] = "none",
+    finetune_steps: Annotated[
+        int, _opt(help="--personalize finetune: local SGD steps before evaluation.")
+    ] = 5,
+    ditto_lambda: Annotated[
+        float, _opt(help="--personalize ditto: pull λ of each personal model to the global one.")
+    ] = 0.1,
     coordinator: Annotated[
         str | None,
         _opt(

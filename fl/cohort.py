@@ -88,7 +88,7 @@ def _chunk_tasks(spec: RoundSpec, state: ServerState, inputs: RoundInputs, ch, c
     return _shard(spec, tasks), c_i
 
 
-def _train_chunk(spec: RoundSpec, g, inputs: RoundInputs, hyper: Hyper, tasks, max_steps):
+def train_chunk(spec: RoundSpec, g, inputs: RoundInputs, hyper: Hyper, tasks, max_steps):
     """``vmap(train_step)`` over a chunk's clients for ``max_steps`` steps (shorter clients are
     masked); returns the clients' final local states."""
     local, c = spec.local, tasks.n.shape[0]
@@ -134,7 +134,7 @@ def _add_chunk(spec, state, inputs, hyper, train_key, sums: CohortSums, ch) -> C
     alg, g = spec.algorithm, state.params
     ch = _shard(spec, ch)
     tasks, c_i = _chunk_tasks(spec, state, inputs, ch, sums.controls, train_key)
-    st = _train_chunk(spec, g, inputs, hyper, tasks, jnp.max(ch["steps"]))
+    st = train_chunk(spec, g, inputs, hyper, tasks, jnp.max(ch["steps"]))
     delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
     unclipped = sums.unclipped
     if alg.dp:

@@ -3,7 +3,9 @@
 Contract: :func:`make_round` closes over the static :class:`RoundSpec` and returns
 ``run_round(state, inputs, hyper) -> (state, RoundMetrics)``, pure and jittable. A round
 
-1. samples ``cohort`` clients: uniformly without replacement (:func:`sample_uniform`, weighted
+1. samples ``cohort`` clients (with a trace, :mod:`fl.traces`, only among the clients available
+   at the round's simulated start, :func:`sample_available`; if fewer are, the cohort is smaller):
+   uniformly without replacement (:func:`sample_uniform`, weighted
    by data size ``n_k``), or ``cohort`` i.i.d. draws with replacement proportional to ``n_k`` and a
    plain average over the draws (:func:`sample_by_size`, FedProx's scheme; a client drawn twice
    trains once and counts twice). Keyed by ``fold_in(key, round)`` so that a resumed run repeats it;
@@ -40,18 +42,22 @@ from jaxtyping import Array, Float, Int
 from fl import aggregation as agg
 from fl import local_update as lu
 from fl.cohort import CohortSums, arrange_cohort, train_cohort
-from fl.sampling import multiplicity, sample_by_size, sample_uniform
+from fl.sampling import multiplicity, sample_available, sample_by_size, sample_uniform
 from fl.server import Algorithm, server_update
 from fl.systems import Systems, client_time_s
+from fl.traces import available_now
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ServerState:
-    """Global model, server optimiser state, SCAFFOLD controls, DP clip norm and round counter.
+    """Global model, server optimiser state, SCAFFOLD controls, DP clip norm, round counter and
+    simulated clock.
 
     ``client_controls`` has a leading ``[clients]`` axis (the whole population) or is ``None``;
-    ``clip_norm`` is DP-FedAvg's current clip norm (it moves only with adaptive clipping).
+    ``clip_norm`` is DP-FedAvg's current clip norm (it moves only with adaptive clipping);
+    ``clock_s`` is the simulated time at which the next round starts (a trace's availability
+    depends on it).
     """
 
     params: object
@@ -61,6 +67,7 @@ class ServerState:
     clip_norm: Float[Array, ""]
     round: Int[Array, ""]
     key: Array
+    clock_s: Float[Array, ""] = 0.0
 
 
 @jax.tree_util.register_dataclass
@@ -169,6 +176,7 @@ def init_server_state(
         clip_norm=jnp.float32(clip_norm),
         round=jnp.zeros((), jnp.int32),
         key=jax.random.key(seed),
+        clock_s=jnp.zeros((), jnp.float32),
     )
 
 
@@ -200,7 +208,12 @@ def plan_cohort(
     key = jax.random.fold_in(state.key, state.round)
     k_s, k_a, k_st, k_e, k_t, k_n = jax.random.split(key, 6)
 
-    if spec.sampling == "uniform":
+    if inputs.systems.hourly_availability is not None:  # a trace: who is available now
+        k_s, k_now = jax.random.split(k_s)
+        now = available_now(k_now, inputs.systems, state.clock_s)
+        ids = sample_available(k_s, now, m)
+        copies = now[ids].astype(jnp.int32)
+    elif spec.sampling == "uniform":
         ids = sample_uniform(k_s, num_clients, m)
         copies = jnp.ones((m,), jnp.int32)
     else:  # FedProx: m i.i.d. draws proportional to n_k, a repeated client trained once
@@ -328,6 +341,7 @@ def server_step(
         clip_norm=clip,
         round=state.round + 1,
         key=state.key,
+        clock_s=state.clock_s,
     )
 
 
@@ -359,6 +373,7 @@ def make_round(spec: RoundSpec):
         arranged = arrange_cohort(spec, plan, num_clients)
         sums = train_cohort(spec, state, inputs, hyper, arranged, plan.train_key)
         new_state = server_step(spec, state, hyper, sums, plan.noise_key, num_clients)
+        new_state = dataclasses.replace(new_state, clock_s=state.clock_s + plan.round_time_s)
         return new_state, round_metrics(spec, plan, sums, new_state.params, state.clip_norm)
 
     return run_round

@@ -61,6 +61,14 @@ def sample_uniform(key: Array, num_clients: int, m: int) -> Int[Array, " m"]:
     return jax.lax.cond(enough, lambda: ids, lambda: gumbel_top_k(k_fallback))
 
 
+def sample_available(key: Array, available: Array, m: int) -> Int[Array, " m"]:
+    """``m`` distinct clients drawn uniformly without replacement among the ``available`` ones
+    (Gumbel-top-k with the others at ``-inf``); when fewer than ``m`` are available, the slots
+    past them hold unavailable clients, which the caller must not contact."""
+    g = jax.random.gumbel(key, available.shape)
+    return jax.lax.top_k(jnp.where(available, g, -jnp.inf), m)[1].astype(jnp.int32)
+
+
 def sample_by_size(key: Array, sizes: Int[Array, " clients"], m: int) -> Int[Array, " m"]:
     """``m`` client ids drawn i.i.d. *with replacement*, each with probability ``n_k / Σ n``.
 

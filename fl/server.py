@@ -29,6 +29,7 @@ ALGORITHMS = (
     "fedadagrad",
     "scaffold",
     "dpfedavg",
+    "fedbuff",
 )
 
 
@@ -109,7 +110,9 @@ def make_algorithm(
 ) -> Algorithm:
     """The named preset (one of :data:`ALGORITHMS`).
 
-    FedAvgM uses SGD with momentum; FedAdam, FedYogi and FedAdagrad use ``β1 = 0.9``,
+    FedBuff (:mod:`fl.asynchronous`) applies its staleness-weighted buffer mean with SGD at
+    ``server_lr`` (Nguyen et al. 2022, algorithm 1, ``η_g``). FedAvgM uses SGD with momentum;
+    FedAdam, FedYogi and FedAdagrad use ``β1 = 0.9``,
     ``β2 = 0.99`` and adaptivity ``τ`` (default 1e-3) as in Reddi et al. (2021), in the paper's
     form (:func:`reddi_adaptive`, ``adaptive_form="reddi"``) or as optax's adam/yogi/adagrad with
     ``eps = τ`` (``"optax"``: bias-corrected). ``server_lr`` defaults to 1 for the averaging
@@ -117,7 +120,7 @@ def make_algorithm(
     """
     adaptive = name in ADAPTIVE
     lr = server_lr if server_lr is not None else (0.01 if adaptive else 1.0)
-    if name in ("fedavg", "fedprox", "scaffold", "dpfedavg"):
+    if name in ("fedavg", "fedprox", "scaffold", "dpfedavg", "fedbuff"):
         opt = optax.sgd(lr)
     elif name == "fedavgm":
         opt = optax.sgd(lr, momentum=server_momentum)

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 from flax import serialization
 
-from fl import round as rnd
 from fl.build import Built, build
 from fl.config import ExperimentConfig
 from fl.privacy import epsilon
@@ -44,6 +43,8 @@ COLUMNS = (
     "epsilon",
     "clip_norm",
 )
+# With fedbuff: the staleness (server updates since the client's model) of the arrived updates.
+ASYNC_COLUMNS = ("staleness_mean", "staleness_max")
 ACCURACY_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 CHECKPOINT = "checkpoint.msgpack"
 
@@ -56,12 +57,23 @@ class SimulationResult:
     summary: dict
 
 
-def _save_checkpoint(
-    out_dir: Path, state: rnd.ServerState, rows: list[dict], wall_s: float, updates: int
-):
+def _keyless(state):
+    """``state`` without its PRNG key (a typed key is not serialisable; the run's seed gives it)."""
+    if hasattr(state, "server"):  # fedbuff's AsyncState, personalization's state
+        return dataclasses.replace(state, server=_keyless(state.server))
+    return dataclasses.replace(state, key=None)
+
+
+def _with_key(state, template):
+    if hasattr(state, "server"):
+        return dataclasses.replace(state, server=_with_key(state.server, template.server))
+    return dataclasses.replace(state, key=template.key)
+
+
+def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, updates: int):
     from simbase.io import atomic_write_bytes
 
-    leaves = jax.tree.leaves(dataclasses.replace(state, key=None))
+    leaves = jax.tree.leaves(_keyless(state))
     blob = serialization.msgpack_serialize(
         {
             "leaves": {str(i): np.asarray(x) for i, x in enumerate(leaves)},
@@ -73,18 +85,18 @@ def _save_checkpoint(
     atomic_write_bytes(out_dir / CHECKPOINT, blob)
 
 
-def _load_checkpoint(out_dir: Path, template: rnd.ServerState):
+def _load_checkpoint(out_dir: Path, template):
     path = out_dir / CHECKPOINT
     if not path.exists():
         return template, [], 0.0, 0
     blob = serialization.msgpack_restore(path.read_bytes())
-    skeleton = dataclasses.replace(template, key=None)
+    skeleton = _keyless(template)
     leaves, treedef = jax.tree.flatten(skeleton)
     stored = blob["leaves"]
     if len(stored) != len(leaves):
         raise AisimError(f"{path}: checkpoint does not match the run's config.json", usage=False)
     restored = [jnp.asarray(stored[str(i)], leaves[i].dtype) for i in range(len(leaves))]
-    state = dataclasses.replace(jax.tree.unflatten(treedef, restored), key=template.key)
+    state = _with_key(jax.tree.unflatten(treedef, restored), template)
     return state, json.loads(blob["rows"]), float(blob["wall_time_s"]), int(blob["client_updates"])
 
 
@@ -132,6 +144,18 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
         "jax_devices": len(jax.devices()),
         "time_to_accuracy": {f"{t:g}": time_to_accuracy(metrics, t) for t in ACCURACY_THRESHOLDS},
     }
+    if cfg.algorithm == "fedbuff":
+        st = metrics["staleness_mean"]
+        summary["fedbuff"] = {
+            "buffer_size": cfg.buffer_size,
+            "concurrency": cfg.concurrency,
+            "server_updates": int(len(metrics)),
+            "staleness_mean": float(st.mean()) if len(st) else None,
+            "staleness_max": int(metrics["staleness_max"].max()) if len(st) else None,
+            "staleness_weight": "1/sqrt(1+staleness)",
+        }
+    if cfg.trace is not None:
+        summary["trace"] = cfg.trace
     if cfg.target_accuracy is not None:
         hit = time_to_accuracy(metrics, cfg.target_accuracy)
         summary["target_accuracy"] = cfg.target_accuracy
@@ -178,6 +202,7 @@ def simulate(
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     dp = b.spec.algorithm.dp
     eps = privacy_report(b, cfg.rounds).epsilons if dp else ()
+    columns = list(COLUMNS) + (list(ASYNC_COLUMNS) if cfg.algorithm == "fedbuff" else [])
     t0 = time.perf_counter()
     for r in range(len(rows) + 1, last + 1):
         state, met = b.run_round(state, b.inputs, b.hyper)
@@ -197,6 +222,8 @@ def simulate(
             "epsilon": eps[r - 1] if dp else math.nan,
             "clip_norm": float(m.clip_norm) if dp else math.nan,
         }
+        if cfg.algorithm == "fedbuff":
+            row.update(staleness_mean=float(m.staleness_mean), staleness_max=int(m.staleness_max))
         if r % cfg.eval_every == 0 or r == cfg.rounds or not m.finite:
             tr_loss, _ = b.evaluate(state.params, *b.eval_sets[0])
             te_loss, te_acc = b.evaluate(state.params, *b.eval_sets[1])
@@ -212,7 +239,7 @@ def simulate(
         if out is not None and r % cfg.checkpoint_every == 0:
             _save_checkpoint(out, state, rows, wall_s + time.perf_counter() - t0, updates)
     wall_s += time.perf_counter() - t0
-    metrics = pd.DataFrame(rows, columns=list(COLUMNS))
+    metrics = pd.DataFrame(rows, columns=columns)
     summary = summarise(b, metrics, wall_s, updates, diverged_round)
     if out is not None:
         write_table(metrics, out / "metrics.csv")

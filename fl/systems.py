@@ -24,6 +24,9 @@ from simbase.errors import AisimError, bad_value
 from simbase.parse import split_list
 from simbase.units import parse_bitrate
 
+# fl/profiles/trace_*.json describe trace generators (fl.traces), not devices.
+TRACE_PREFIX = "trace_"
+
 _FIELDS = (
     "flops_per_s",
     "downlink",
@@ -52,7 +55,8 @@ class DeviceProfile:
 def profile_names() -> list[str]:
     """Names of the shipped device presets."""
     files = resources.files("fl") / "profiles"
-    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+    names = (p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+    return sorted(n for n in names if not n.startswith(TRACE_PREFIX))
 
 
 def load_profile(name: str) -> DeviceProfile:
@@ -119,7 +123,12 @@ def parse_mix(text: str) -> dict[str, float]:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Systems:
-    """Per-client device properties for a whole population (all ``[clients]``, SI)."""
+    """Per-client device properties for a whole population (all ``[clients]``, SI).
+
+    ``hourly_availability`` (``[clients, 24]``, from a trace, :mod:`fl.traces`) is the chance
+    that a client can train in each UTC hour of the simulated day; ``None``: ``availability``,
+    the chance that a sampled client answers, holds at all hours.
+    """
 
     flops_per_s: Float[Array, " clients"]
     downlink_bytes_per_s: Float[Array, " clients"]
@@ -127,6 +136,7 @@ class Systems:
     latency_s: Float[Array, " clients"]
     availability: Float[Array, " clients"]
     serialize_bytes_per_s: Float[Array, " clients"]
+    hourly_availability: Float[Array, "clients 24"] | None = None
 
 
 def draw_systems(mix: dict[str, float], num_clients: int, rng: np.random.Generator) -> Systems:
