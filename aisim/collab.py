@@ -731,16 +731,19 @@ def _print_real(cs, df, sites: list, tokens, out: Path | None) -> None:
         cols["time_to_train_s"] = "days to train"
     t = df[list(cols)].rename(columns=cols).copy()
     t["WAN Gbit/s"] = t["WAN Gbit/s"] / 1e9
+    t["H"] = t["H"].astype(int)
     t["MFU %"] = 100.0 * t["MFU %"]
     if tokens is not None:
         t["days to train"] = t["days to train"] / 86400.0
     if t["WAN Gbit/s"].isna().all():
         t = t.drop(columns=["WAN Gbit/s"])
+    # terms that are nothing in every row are left out (the JSON and --out keep them)
+    t = t.drop(columns=[c for c in ("serde %", "idle %", "dropped") if (t[c].abs() < 0.05).all()])
     title = (
         f"aisim collab sweep: {cs.model.name} on {cs.num_sites} sites, {cs.mode}, "
         f"{cs.topology}, {cs.compression}" + (", overlapped" if cs.overlap else "")
     )
-    console.print(rich_table(t, title=title, float_fmt="{:.4g}"))
+    console.print(rich_table(t, title=title, float_fmt="{:.1f}"))
     s = pd.DataFrame(sites[0])
     s["compute %"] = 100.0 * s["compute_utilization"]
     keys = ["hardware", "devices", "inner_step_s", "memory_gib", "compute %"]
@@ -759,11 +762,11 @@ def _print_real(cs, df, sites: list, tokens, out: Path | None) -> None:
             }
         )
     )
-    console.print(rich_table(s, title="sites (first setting)", float_fmt="{:.4g}"))
+    console.print(rich_table(s, title="sites (first setting)", float_fmt="{:.2f}"))
     console.print(
         "compute % = time in inner steps that count / wall time (device-weighted); comm % "
-        "includes a newcomer's state download; idle % = waiting for a slower site; --json "
-        "carries every site",
+        "includes a newcomer's state download; idle % = waiting for a slower site (columns "
+        "that are 0 everywhere are not shown); --json and --out carry every site",
         highlight=False,
     )
     if out is not None:
@@ -923,6 +926,7 @@ def validate(
         typer.Argument(help="Table of published cross-site runs (default: the shipped one)."),
     ] = None,
     out: Annotated[Path | None, _opt(help="Write the table (.csv, .parquet or .json).")] = None,
+    wide: Annotated[bool, _opt("--wide", help="Show every column.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Published cross-site runs (INTELLECT-1, Covenant-72B) against `sweep --model`:
@@ -947,21 +951,28 @@ def validate(
         cols = {
             "run": "run",
             "role": "role",
-            "published_pct": "published %",
-            "uncalibrated_pct": "uncalibrated %",
-            "fitted_pct": "fitted %",
-            "fitted_error_pp": "fitted error pp",
-            "published_sync_s": "published sync s",
-            "fitted_sync_s": "fitted sync s",
-            "published_round_compute_s": "published compute s",
-            "predicted_round_compute_s": "predicted compute s",
+            "published_pct": "pub %",
+            "uncalibrated_pct": "uncal %",
+            "fitted_pct": "fit %",
+            "fitted_error_pp": "err pp",
+            "published_sync_s": "pub sync s",
+            "fitted_sync_s": "fit sync s",
+            "published_round_compute_s": "pub H steps s",
+            "predicted_round_compute_s": "H steps s",
         }
         console.print(
             rich_table(
                 v.table[list(cols)].rename(columns=cols),
                 title="aisim collab validate: compute utilisation of published cross-site runs",
                 float_fmt="{:.1f}",
+                drop=["pub H steps s", "H steps s", "fit sync s", "pub sync s", "uncal %"],
+                wide=wide,
             )
+        )
+        console.print(
+            "pub = published, uncal = the preset's WAN efficiency, fit = the one fitted; "
+            "err = fit − pub; sync and H inner steps in seconds per round",
+            highlight=False,
         )
         console.print(
             f"WAN efficiency fitted on the fit run: {v.fitted_wan_efficiency:.3f}; held-out "

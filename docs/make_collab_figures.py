@@ -1,11 +1,18 @@
-"""Draws docs/figures/collab_shares.png and prints the README's side-by-side table.
+"""Draws docs/figures/collab_shares.png (and prints the README's side-by-side table) and
+docs/figures/collab_tradeoff.png.
 
 The source document's 2-client MLP table (calibration/data/seed_collab_mlp_2clients.csv) is fitted with
 aisim's collaboration model (calibration.collab_fit), the fitted scenario is swept over 10M-100M
 (the 40M row is a prediction), and again with a 10x faster WAN. Top row: aisim's shares of one
 round as stacked bars, with the source's cumulative shares as black ticks; bottom row: the same
 clients on a 10 Gbit/s WAN. Runtime: about half a minute on 2 CPU cores.
-Usage: ``python docs/make_collab_figures.py``
+
+collab_tradeoff.png: INTELLECT-1's setting (a 10B Llama-3 on 14 sites of 8 H100, int8 ring
+all-reduce; calibration/data/crosssite_runs.csv) swept over the inner steps H and the WAN rate,
+blocking DiLoCo (left, with the report's three published utilisations at H = 100) and streaming
+DiLoCo with 4 overlapped fragments (right).
+
+Usage: ``python docs/make_collab_figures.py [shares] [tradeoff]`` (default: both)
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from perfmodel import collab, load_hardware  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
 OUT = ROOT / "docs" / "figures" / "collab_shares.png"
+TRADEOFF = ROOT / "docs" / "figures" / "collab_tradeoff.png"
 TERMS = [
     ("compute_utilization_pct", "compute", "#4c72b0"),
     ("communication_share_pct", "communication (incl. waiting)", "#dd8452"),
@@ -68,7 +76,70 @@ def side_by_side(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def tradeoff() -> None:
+    """Utilisation against H and WAN rate in INTELLECT-1's setting (two round modes)."""
+    from calibration.collab_fit import crosssite_of_run, load_crosssite_runs
+
+    runs = load_crosssite_runs()
+    row = runs[runs["run"] == "intellect1-global"].iloc[0]
+    base = crosssite_of_run(row)
+    hs = (1, 3, 10, 30, 100, 300, 1000)
+    rates = (0.1e9, 0.5e9, 1e9, 4e9, 10e9)
+    modes = (
+        ("DiLoCo, blocking int8 ring all-reduce", dict(mode="diloco")),
+        (
+            "streaming DiLoCo, 4 fragments overlapped",
+            dict(mode="streaming-diloco", fragments=4, overlap=True),
+        ),
+    )
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9), sharey=True)
+    for ax, (title, change) in zip(axes, modes, strict=True):
+        cs = dataclasses.replace(base, **change)
+        df = collab.cross_site_frame(cs, collab.evaluate(cs, hs, [r / 8 for r in rates]))
+        for rate in rates:
+            g = df[df["wan_bandwidth_bps"] == rate].sort_values("local_steps")
+            ax.plot(
+                g["local_steps"],
+                g["compute_utilization_pct"],
+                marker="o",
+                ms=3,
+                label=f"{rate / 1e9:g} Gbit/s",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("inner steps per round H")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    pub = runs[runs["run"].str.startswith("intellect1")]
+    axes[0].scatter(
+        pub["local_steps"],
+        pub["published_compute_utilization_pct"],
+        marker="x",
+        color="black",
+        zorder=5,
+        label="INTELLECT-1, published",
+    )
+    axes[0].set_ylabel("compute utilisation (%)")
+    axes[0].set_ylim(0, 101)
+    axes[1].legend(fontsize=8, title="WAN per site", title_fontsize=8, loc="lower right")
+    axes[0].legend(handles=axes[0].collections, fontsize=8, loc="lower right")
+    fig.suptitle("10B Llama-3 on 14 sites of 8 H100 (INTELLECT-1's setting)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(TRADEOFF, dpi=110)
+    print(f"wrote {TRADEOFF.relative_to(ROOT)}")
+    print(df[["local_steps", "wan_bandwidth_bps", "compute_utilization_pct"]].round(1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    which = set(sys.argv[1:] if argv is None else argv) or {"shares", "tradeoff"}
+    if "tradeoff" in which:
+        tradeoff()
+    if "shares" in which:
+        shares()
+
+
+def shares() -> None:
     fit, df, fast = fitted_frames()
     src = pd.read_csv(SEED)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey=True)
