@@ -43,6 +43,18 @@ COLUMNS = (
     "epsilon",
     "clip_norm",
 )
+
+
+def client_columns(cfg: ExperimentConfig) -> tuple[str, ...]:
+    """With client_eval: per-client accuracy statistics of the model each client uses, and with
+    personalization the mean per-client accuracy of the global model beside them."""
+    if not cfg.client_eval:
+        return ()
+    from fl.personalization import STAT_COLUMNS
+
+    return STAT_COLUMNS + (("client_acc_global_mean",) if cfg.personalize != "none" else ())
+
+
 # With fedbuff: the staleness (server updates since the client's model) of the arrived updates.
 ASYNC_COLUMNS = ("staleness_mean", "staleness_max")
 ACCURACY_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -59,15 +71,23 @@ class SimulationResult:
 
 def _keyless(state):
     """``state`` without its PRNG key (a typed key is not serialisable; the run's seed gives it)."""
-    if hasattr(state, "server"):  # fedbuff's AsyncState, personalization's state
+    if isinstance(state, tuple):  # the server state and Ditto's personal models
+        return tuple(_keyless(s) for s in state)
+    if hasattr(state, "server"):  # fedbuff's AsyncState
         return dataclasses.replace(state, server=_keyless(state.server))
-    return dataclasses.replace(state, key=None)
+    if hasattr(state, "key"):
+        return dataclasses.replace(state, key=None)
+    return state
 
 
 def _with_key(state, template):
+    if isinstance(state, tuple):
+        return tuple(_with_key(s, t) for s, t in zip(state, template, strict=True))
     if hasattr(state, "server"):
         return dataclasses.replace(state, server=_with_key(state.server, template.server))
-    return dataclasses.replace(state, key=template.key)
+    if hasattr(template, "key"):
+        return dataclasses.replace(state, key=template.key)
+    return state
 
 
 def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, updates: int):
@@ -156,6 +176,21 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
         }
     if cfg.trace is not None:
         summary["trace"] = cfg.trace
+    if cfg.client_eval:
+        from fl.personalization import STAT_COLUMNS
+
+        done = metrics.dropna(subset=[STAT_COLUMNS[0]])
+        final = done.iloc[-1] if len(done) else None
+        sizes = np.asarray(b.local_test.sizes)
+        summary["client_eval"] = {
+            "personalize": cfg.personalize,
+            "local_test_fraction": cfg.local_test_fraction,
+            "clients_with_test": int((sizes > 0).sum()),
+            **({"finetune_steps": cfg.finetune_steps} if cfg.personalize == "finetune" else {}),
+            **({"ditto_lambda": cfg.ditto_lambda} if cfg.personalize == "ditto" else {}),
+            **({"personal_models": "all clients"} if cfg.personalize == "ditto" else {}),
+            **{c: (float(final[c]) if final is not None else None) for c in client_columns(cfg)},
+        }
     if cfg.target_accuracy is not None:
         hit = time_to_accuracy(metrics, cfg.target_accuracy)
         summary["target_accuracy"] = cfg.target_accuracy
@@ -179,6 +214,47 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
     return summary
 
 
+class _ClientEval:
+    """The jitted per-client evaluation (and Ditto's step) of a run (:mod:`fl.personalization`)."""
+
+    def __init__(self, b: Built):
+        from fl import personalization as p
+
+        self.b, self.p = b, p
+        cfg = b.cfg
+        self.key = jax.random.key(cfg.seed + 17)
+        self.run = jax.jit(
+            p.make_client_eval(b.spec, cfg.personalize, cfg.finetune_steps, b.spec.chunk)
+        )
+        self.glob = None
+        if cfg.personalize != "none":
+            self.glob = jax.jit(p.make_client_eval(b.spec, "none", 0, b.spec.chunk))
+        self.ditto = jax.jit(p.make_ditto_step(b.spec)) if cfg.personalize == "ditto" else None
+
+    def init_personal(self):
+        from simbase.units import parse_bytes
+
+        if self.ditto is None:
+            return None
+        b = self.b
+        return self.p.init_personal(
+            b.init_state.params,
+            b.data.population.num_clients,
+            parse_bytes(b.cfg.memory_budget),
+            b.model.param_bytes,
+        )
+
+    def evaluate(self, params, personal, r: int) -> dict:
+        b = self.b
+        key = jax.random.fold_in(self.key, r)
+        acc = np.asarray(self.run(params, personal, b.inputs, b.local_test, key))
+        out = self.p.client_stats(acc)
+        if self.glob is not None:
+            g = np.asarray(self.glob(params, None, b.inputs, b.local_test, key))
+            out["client_acc_global_mean"] = self.p.client_stats(g)["client_acc_mean"]
+        return out
+
+
 def simulate(
     cfg: ExperimentConfig,
     out_dir: str | Path | None = None,
@@ -191,10 +267,14 @@ def simulate(
 
     out = Path(out_dir) if out_dir is not None else None
     b = build(cfg)
+    per = _ClientEval(b) if cfg.client_eval else None
+    personal = per.init_personal() if per is not None else None
     state, rows, wall_s, updates = b.init_state, [], 0.0, 0
     if out is not None:
         if resume:
-            state, rows, wall_s, updates = _load_checkpoint(out, b.init_state)
+            template = state if personal is None else (state, personal)
+            loaded, rows, wall_s, updates = _load_checkpoint(out, template)
+            state, personal = loaded if personal is not None else (loaded, None)
         else:
             atomic_write_text(out / "config.json", to_json(cfg.to_dict()))
     sim_t = rows[-1]["sim_time_s"] if rows else 0.0
@@ -203,9 +283,13 @@ def simulate(
     dp = b.spec.algorithm.dp
     eps = privacy_report(b, cfg.rounds).epsilons if dp else ()
     columns = list(COLUMNS) + (list(ASYNC_COLUMNS) if cfg.algorithm == "fedbuff" else [])
+    columns += list(client_columns(cfg))
     t0 = time.perf_counter()
     for r in range(len(rows) + 1, last + 1):
+        before = state
         state, met = b.run_round(state, b.inputs, b.hyper)
+        if personal is not None:
+            personal = per.ditto(personal, before, b.inputs, b.hyper, jnp.float32(cfg.ditto_lambda))
         m = jax.device_get(met)
         sim_t += float(m.round_time_s)
         updates += int(m.clients_kept)
@@ -230,6 +314,8 @@ def simulate(
             row.update(
                 train_loss=float(tr_loss), test_loss=float(te_loss), test_accuracy=float(te_acc)
             )
+            if per is not None:
+                row.update(per.evaluate(state.params, personal, r))
         rows.append(row)
         if on_round is not None:
             on_round(row)
@@ -237,7 +323,8 @@ def simulate(
             diverged_round = r
             break
         if out is not None and r % cfg.checkpoint_every == 0:
-            _save_checkpoint(out, state, rows, wall_s + time.perf_counter() - t0, updates)
+            saved = state if personal is None else (state, personal)
+            _save_checkpoint(out, saved, rows, wall_s + time.perf_counter() - t0, updates)
     wall_s += time.perf_counter() - t0
     metrics = pd.DataFrame(rows, columns=columns)
     summary = summarise(b, metrics, wall_s, updates, diverged_round)
