@@ -65,7 +65,11 @@ Steps = Annotated[
     str | None, _opt(help="Local optimiser steps per round per site (overrides --local-samples).")
 ]
 WanBw = Annotated[
-    str, _opt(help="WAN line rate per site, e.g. 1Gbps (one value or one per client).")
+    str,
+    _opt(
+        help="WAN line rate per site, e.g. 1Gbps (one value or one per client); with --model, "
+        "rates to try, every site at each (per-site rates: --wan-up/--wan-down)."
+    ),
 ]
 WanUp = Annotated[
     str | None, _opt(help="Asymmetric links: upload line rate per site (default --wan-bandwidth).")
@@ -80,7 +84,8 @@ WanLat = Annotated[
 Mode = Annotated[
     str,
     _opt(
-        help="fedavg, data-parallel or pipeline; --model: data-parallel, fedavg, diloco or streaming-diloco."
+        help="fedavg, data-parallel or pipeline; --model adds diloco and streaming-diloco "
+        "(pipeline with --model: one stage per site)."
     ),
 ]
 Topology = Annotated[str, _opt(help="server (parameter server) or ring.")]
@@ -641,23 +646,26 @@ def build_cross_site(o: dict):
 
 def _sweep_real(o: dict) -> None:
     """``sweep --model``: one row per (H, WAN rate), per-site shares, JSON/CSV/figure."""
-    from perfmodel.collab_real import cross_site_frame, evaluate
+    from perfmodel.collab_real import cross_site_frame, evaluate, pipeline_frame
 
     check_out_suffix(o["out"])
     cs, steps, rates, tokens = build_cross_site(o)
-    res = evaluate(cs, steps, rates)
-    df = cross_site_frame(cs, res, tokens)
+    if cs.mode == "pipeline":
+        df, ests = pipeline_frame(cs, rates, tokens)
+    else:
+        res = evaluate(cs, steps, rates)
+        df, ests = cross_site_frame(cs, res, tokens), res.estimates
     if o["out"] is not None:
         write_table(df, o["out"])
     if o["plot"] is not None:
         plot_tradeoff(df, o["plot"], f"{cs.model.name}, {cs.num_sites} sites, {cs.mode}")
-    sites = site_records(cs, res, df)
+    sites = site_records(cs, df)
     if o["json_out"]:
         print_json(
             {
                 "setting": {
                     "model": cs.model.name,
-                    "params": float(res.estimates[0].to_dict()["params"]),
+                    "params": float(ests[0].to_dict()["params"]),
                     "mode": cs.mode,
                     "topology": cs.topology,
                     "compression": cs.compression,
@@ -683,7 +691,7 @@ def _sweep_real(o: dict) -> None:
     _print_real(cs, df, sites, tokens, o["out"])
 
 
-def site_records(cs, res, df) -> list[list[dict]]:
+def site_records(cs, df) -> list[list[dict]]:
     """Per row of ``df``, one dict per site: its inner step, memory and shares."""
     out = []
     for _, r in df.iterrows():
@@ -739,10 +747,9 @@ def _print_real(cs, df, sites: list, tokens, out: Path | None) -> None:
         t = t.drop(columns=["WAN Gbit/s"])
     # terms that are nothing in every row are left out (the JSON and --out keep them)
     t = t.drop(columns=[c for c in ("serde %", "idle %", "dropped") if (t[c].abs() < 0.05).all()])
-    title = (
-        f"aisim collab sweep: {cs.model.name} on {cs.num_sites} sites, {cs.mode}, "
-        f"{cs.topology}, {cs.compression}" + (", overlapped" if cs.overlap else "")
-    )
+    title = f"aisim collab sweep: {cs.model.name} on {cs.num_sites} sites, {cs.mode}"
+    if cs.mode != "pipeline":
+        title += f", {cs.topology}, {cs.compression}" + (", overlapped" if cs.overlap else "")
     console.print(rich_table(t, title=title, float_fmt="{:.1f}"))
     s = pd.DataFrame(sites[0])
     s["compute %"] = 100.0 * s["compute_utilization"]

@@ -114,8 +114,8 @@ def check_round(cs: CrossSite) -> str:
         ``wan_efficiency``, ``churn_rate``, ``deadline_s``, ``topk_fraction``).
     """
     if cs.mode not in ROUND_MODES:
-        hint = " (pipeline runs on the square MLPs of --sizes)" if cs.mode == "pipeline" else ""
-        raise bad_value(None, "mode", cs.mode, "one of " + ", ".join(ROUND_MODES) + hint)
+        modes = ", ".join((*ROUND_MODES, "pipeline"))
+        raise bad_value(None, "mode", cs.mode, "one of " + modes)
     if cs.topology not in SYNC_TOPOLOGIES:
         raise bad_value(None, "topology", cs.topology, "one of " + ", ".join(SYNC_TOPOLOGIES))
     comp = COMPRESSION_ALIASES.get(cs.compression, cs.compression)
@@ -315,3 +315,104 @@ def cross_site_frame(cs: CrossSite, res: CrossSiteResult, tokens: float | None =
 def jax_to_np(tree) -> dict[str, np.ndarray]:
     """A result dataclass's leaves as float64 numpy arrays, by field name."""
     return {f.name: np.asarray(getattr(tree, f.name), np.float64) for f in dataclasses.fields(tree)}
+
+
+def pipeline_frame(cs: CrossSite, bandwidths=None, tokens: float | None = None):
+    """``pipeline`` mode: the model's pipeline stages at different sites (one stage per site),
+    timed by :func:`perfmodel.estimate` with the sites as the pipeline tier.
+
+    The step is perfmodel's with ``pp`` = the number of sites, ``num_gpus`` = sites × devices,
+    each site's devices as one scale-up domain (``gpus_per_node``), and the inter-node tier (the
+    one pipeline sends cross) replaced by the WAN: rate ``min(up, down)`` of the slowest site,
+    the largest latency and ``wan_efficiency``. ``batch_size`` is the whole pipeline's batch (one
+    model replica spans the sites). A round is one step: compute (with the intra-site
+    communication left exposed, the optimiser and overheads), communication (the pipeline sends)
+    and idle (the bubble). Returns the columns of :func:`cross_site_frame`.
+
+    Raises:
+      AisimError: sites that differ in hardware or devices, or ``pp`` > 1 inside a site.
+    """
+    import pandas as pd
+
+    check_round(dataclasses.replace(cs, mode="diloco"))
+    hws, devs = cs.per_site("hardware"), cs.per_site("devices")
+    if len({h.name for h in hws}) > 1:
+        raise bad_value(None, "client_hardware", ",".join(h.name for h in hws), "one preset")
+    if len(set(devs)) > 1:
+        raise bad_value(None, "devices", tuple(devs), "the same devices at every pipeline site")
+    if int(cs.knobs.get("pp", 1)) != 1:
+        raise bad_value(None, "pp", cs.knobs["pp"], "1 in pipeline mode (the sites are the stages)")
+    n, dev, hw = cs.num_sites, int(devs[0]), hws[0]
+    base = cs.per_site("constants")[0] or hw.constants
+    lat = max(cs.per_site("latency_s"))
+    rates = [None] if bandwidths is None else list(bandwidths)
+    rows, ests = [], []
+    for bw in rates:
+        up = cs.per_site("up_bytes_per_s") if bw is None else [bw] * n
+        down = cs.per_site("down_bytes_per_s") if bw is None else [bw] * n
+        rate = float(min(min(up), min(down)))
+        spec = dataclasses.replace(
+            hw.spec, link_bandwidth_bytes_per_s=hw.spec.link_bandwidth_bytes_per_s.at[1].set(rate)
+        )
+        c = dataclasses.replace(
+            base,
+            link_latency_s=jnp.asarray(base.link_latency_s).at[1].set(lat),
+            link_bandwidth_efficiency=jnp.asarray(base.link_bandwidth_efficiency)
+            .at[1]
+            .set(cs.wan_efficiency),
+        )
+        knobs = {**cs.knobs, "pp": n}
+        e = estimate(
+            cs.model,
+            dataclasses.replace(hw, spec=spec),
+            constants=c,
+            gpus_per_node=dev,
+            num_gpus=n * dev,
+            global_batch=int(cs.per_site("batch_size")[0]),
+            **knobs,
+        )
+        ests.append(e)
+        b = e.breakdown
+        step = float(b.step_time_s)
+        comm = float(b.pp_p2p_s)
+        idle = float(b.bubble_s)
+        compute = step - comm - idle
+        seq = float(cs.model.spec.seq_len) if cs.model.spec.kind == "transformer" else 1.0
+        tok = float(cs.per_site("batch_size")[0]) * seq
+        row = {
+            "mode": "pipeline",
+            "local_steps": 1.0,
+            "wan_bandwidth_bps": np.nan if bw is None else 8.0 * bw,
+            "inner_step_s": step,
+            "round_s": step,
+            "sync_s": comm,
+            "churn_s": 0.0,
+            "payload_bytes": np.nan,
+            "compute_utilization_pct": 100.0 * compute / step,
+            "communication_share_pct": 100.0 * comm / step,
+            "serialization_share_pct": 0.0,
+            "idle_share_pct": 100.0 * idle / step,
+            "mfu": float(b.mfu),
+            "tokens_per_round": tok,
+            "bytes_sent": np.nan,
+            "dropped_sites": 0,
+        }
+        if tokens is not None:
+            row["time_to_train_s"] = tokens / tok * step
+        mem = e.to_dict()["memory"]["total_bytes"] / 2.0**30
+        for i in range(n):
+            p = f"site{i + 1}_"
+            row |= {
+                p + "inner_step_s": step,
+                p + "memory_gib": mem,
+                p + "fits_memory": bool(b.fits_memory),
+                p + "compute_utilization_pct": row["compute_utilization_pct"],
+                p + "communication_share_pct": row["communication_share_pct"],
+                p + "serialization_share_pct": 0.0,
+                p + "idle_share_pct": row["idle_share_pct"],
+                p + "mfu": float(b.mfu),
+                p + "bytes_sent": np.nan,
+                p + "dropped": 0.0,
+            }
+        rows.append(row)
+    return pd.DataFrame(rows), ests

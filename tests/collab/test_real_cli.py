@@ -4,6 +4,7 @@ H x bandwidth table and its figure, and bad input is one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -67,6 +68,19 @@ def test_inner_step_is_perf_estimates_step_time_with_the_same_flags():
     assert 0 < doc["compute_utilization"] < 1
 
 
+def test_a_stack_profile_and_serialisation_reach_the_sites():
+    common = ["--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "64"]
+    perf = _json(
+        "perf", "estimate", *SITE, *common, "--fused-attention", "--profile", "megatron-core-h100"
+    )
+    args = ["collab", "sweep", *SITE, "--clients", "2", "--client-hardware", "h100-sxm"]
+    args += ["--devices", "8", "--batch-size", "64", "--profile", "megatron-core-h100"]
+    doc = _json(*args)
+    assert doc["inner_step_s"] == pytest.approx(perf["step_time_s"], rel=1e-6)
+    ser = _json(*args, "--serde-format", "msgpack")["rows"][0]
+    assert ser["serialization_share_pct"] > 0 and ser["round_s"] > doc["rows"][0]["round_s"]
+
+
 def test_the_h_by_bandwidth_table_csv_and_figure(tmp_path):
     out, fig = tmp_path / "t.csv", tmp_path / "t.png"
     r = runner.invoke(
@@ -109,7 +123,7 @@ def test_the_h_by_bandwidth_table_csv_and_figure(tmp_path):
 @pytest.mark.parametrize(
     "args, flag",
     [
-        (["--mode", "pipeline"], "--mode"),
+        (["--mode", "gossip"], "--mode"),
         (["--devices", "6", "--tp", "4"], "--tp"),
         (["--compression", "int4"], "--compression"),
         (["--churn", "1.5"], "--churn"),
@@ -120,3 +134,32 @@ def test_bad_input_is_one_line_naming_the_flag(args, flag):
     assert r.exit_code != 0
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and flag in lines[0], r.output
+
+
+def test_pipeline_across_sites_sends_activations_over_the_wan():
+    from perfmodel import load_hardware, resolve_model
+    from perfmodel.collab_real import CrossSite, pipeline_frame
+
+    hw = load_hardware("h100-sxm")
+    cs = CrossSite(
+        model=resolve_model("gpt3-1.3b", seq_len=2048),
+        hardware=(hw,) * 4,
+        devices=(8,),
+        batch_size=(64,),
+        knobs=dict(tp=1, pp=1, zero_stage=1, recompute="full", micro_batch_size=1, dtype="bf16"),
+        up_bytes_per_s=(125e6,),
+        down_bytes_per_s=(125e6,),
+        latency_s=(0.03,),
+        mode="pipeline",
+        wan_efficiency=0.5,
+    )
+    df, (est,) = pipeline_frame(cs)
+    (row,) = df.to_dict(orient="records")
+    m = float(est.strategy.num_microbatches)
+    act = 1 * 2048 * 2048 * 2.0  # micro-batch x tokens x hidden x bf16 bytes
+    hand = 2 * (m + 4 - 1) * (0.03 + act / (125e6 * 0.5))
+    assert row["sync_s"] == pytest.approx(hand, rel=1e-4)
+    shares = row["compute_utilization_pct"] + row["communication_share_pct"]
+    assert shares + row["idle_share_pct"] == pytest.approx(100.0)
+    with pytest.raises(Exception, match="devices"):
+        pipeline_frame(dataclasses.replace(cs, devices=(8, 8, 8, 16)))
