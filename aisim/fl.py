@@ -284,5 +284,52 @@ def _print_human(result, out_dir) -> None:
             f"δ = {p['delta']:g} ({p['accountant']}; {p['sampling_bound']})",
             highlight=False,
         )
+    if "fedbuff" in s:
+        f = s["fedbuff"]
+        console.print(
+            f"FedBuff: {f['server_updates']} server updates of K = {f['buffer_size']} with "
+            f"C = {f['concurrency']} in flight, mean staleness {f['staleness_mean']:.3g} "
+            f"(max {f['staleness_max']})",
+            highlight=False,
+        )
+    if "client_eval" in s:
+        c = s["client_eval"]
+        line = (
+            f"per-client accuracy ({c['personalize']}): mean {c['client_acc_mean']:.4g}, "
+            f"p10 {c['client_acc_p10']:.4g}, p50 {c['client_acc_p50']:.4g}, "
+            f"p90 {c['client_acc_p90']:.4g}, worst 10% {c['client_acc_worst10']:.4g}"
+        )
+        if "client_acc_global_mean" in c:
+            line += f" (global model: mean {c['client_acc_global_mean']:.4g})"
+        console.print(line, highlight=False)
+    if s.get("time_to_target_s") is not None:
+        console.print(
+            f"reached {s['target_accuracy']:g} test accuracy at round {s['rounds_to_target']}, "
+            f"simulated {s['time_to_target_s']:.4g} s",
+            highlight=False,
+        )
     if out_dir is not None:
         console.print(f"wrote {out_dir}/metrics.csv and {out_dir}/summary.json", highlight=False)
+
+
+@app.command("trace")
+def trace(
+    clients: Annotated[int, _opt(help="Clients of the trace (the population of the run).")] = 100,
+    seed: Annotated[int, _opt(help="Seed of the generator.")] = 0,
+    out: Annotated[Path, _opt("--out", help="The trace CSV to write.")] = Path("trace.csv"),
+) -> None:
+    """Write a synthetic diurnal availability and speed trace (for fl run --trace)."""
+    with guard(flag_names("clients")):
+        from fl import generate_trace
+
+        t = generate_trace(clients, seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        t.to_csv(out, index=False)
+        hourly = t[[f"p{h}" for h in range(24)]].to_numpy().mean(axis=0)
+        console.print(
+            f"wrote {out}: {clients} clients, expected share available by UTC hour "
+            f"min {hourly.min():.2f} (hour {hourly.argmin()}), "
+            f"max {hourly.max():.2f} (hour {hourly.argmax()}); "
+            f"speed factor median {t['speed_factor'].median():.3g}",
+            highlight=False,
+        )

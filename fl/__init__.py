@@ -29,6 +29,7 @@ from fl.sampling import sample_uniform
 from fl.server import Algorithm, make_algorithm
 from fl.simulation import SimulationResult, load_config_json, simulate
 from fl.systems import DeviceProfile, Systems, client_time_s, draw_systems, load_profile, parse_mix
+from fl.traces import generate_trace, load_trace, read_trace
 
 __all__ = [
     # runs
@@ -79,6 +80,10 @@ __all__ = [
     "parse_mix",
     "draw_systems",
     "client_time_s",
+    # availability and speed traces (fl.traces), FedBuff (fl.asynchronous)
+    "generate_trace",
+    "read_trace",
+    "load_trace",
     # privacy (DP-FedAvg accounting with dp-accounting)
     "epsilon",
     "PrivacyReport",

@@ -169,15 +169,15 @@ def diurnal_parameters() -> dict:
 
 def generate_trace(num_clients: int, seed: int = 0) -> pd.DataFrame:
     """A synthetic diurnal trace (``fl/profiles/trace_diurnal.json``): each client a whole-hour
-    time zone and a night window of local hours in which it is available with a high chance
+    time zone (near one of a few regions' offsets) and a night window of local hours in which it is available with a high chance
     (charging, idle, on Wi-Fi), a low chance by day, a phone with a lognormal speed factor.
     Deterministic for a seed; columns ``client_id, device, speed_factor, p0..p23`` (UTC)."""
     if not isinstance(num_clients, int) or num_clients < 1:
         raise bad_value(None, "clients", num_clients, "an integer >= 1")
     cfg = diurnal_parameters()
     rng = np.random.default_rng(seed)
-    lo, hi = cfg["utc_offset_h"]
-    offset = rng.integers(lo, hi + 1, num_clients)
+    region = rng.choice(len(cfg["utc_offset_h"]), num_clients, p=cfg["region_share"])
+    offset = np.asarray(cfg["utc_offset_h"])[region] + rng.integers(-1, 2, num_clients)
     start = rng.integers(*cfg["night_start_local_h"], num_clients, endpoint=False)
     length = rng.integers(cfg["night_length_h"][0], cfg["night_length_h"][1] + 1, num_clients)
     speed = rng.lognormal(0.0, cfg["speed_sigma"], num_clients)
