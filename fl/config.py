@@ -276,7 +276,7 @@ def _check_async_and_clients(cfg: ExperimentConfig, where: str | None, unused, m
             raise bad_value(
                 where, "concurrency", cfg.concurrency, f"at most the population size, {cfg.clients}"
             )
-        why = "FedBuff keeps concurrency clients in flight instead of rounds of a cohort"
+        why = "FedBuff keeps clients in flight instead of sampling a cohort each round"
         for f in ("clients_per_round", "stragglers", "deadline_s", "sampling"):
             if moved(f):
                 unused(f, why)
@@ -297,13 +297,13 @@ def _check_async_and_clients(cfg: ExperimentConfig, where: str | None, unused, m
     if not cfg.ditto_lambda >= 0:
         raise bad_value(where, "ditto_lambda", cfg.ditto_lambda, "a number >= 0")
     if moved("local_test_fraction") and not cfg.client_eval:
-        unused("local_test_fraction", "it splits the local test sets of client_eval")
+        unused("local_test_fraction", "it sizes the local test sets of per-client evaluation")
     if moved("personalize") and not cfg.client_eval:
-        unused("personalize", "personal models are evaluated per client; turn on client_eval")
+        unused("personalize", "personal models need per-client evaluation, which is off")
     if moved("finetune_steps") and cfg.personalize != "finetune":
-        unused("finetune_steps", "it belongs to personalize = finetune")
+        unused("finetune_steps", "it belongs to fine-tuning personalization")
     if moved("ditto_lambda") and cfg.personalize != "ditto":
-        unused("ditto_lambda", "it belongs to personalize = ditto")
+        unused("ditto_lambda", "it belongs to Ditto personalization")
     if cfg.personalize == "ditto" and cfg.algorithm == "fedbuff":
         raise bad_value(
             where, "personalize", "ditto", "none or finetune with fedbuff (Ditto trains per round)"
