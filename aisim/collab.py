@@ -650,6 +650,8 @@ def _sweep_real(o: dict) -> None:
 
     check_out_suffix(o["out"])
     cs, steps, rates, tokens = build_cross_site(o)
+    if cs.mode == "data-parallel":
+        steps = (1,)  # a round is one step: H does not apply
     if cs.mode == "pipeline":
         df, ests = pipeline_frame(cs, rates, tokens)
     else:

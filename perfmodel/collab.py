@@ -16,7 +16,8 @@ communication (including waiting), serialisation and other work. Three layers:
   settings typed as words (``"1Gbps"``, ``"10M,100M"``).
 
 Real models across sites (each site a cluster timed by :func:`perfmodel.estimate`, DiLoCo-style
-rounds): :class:`CrossSite`, :func:`evaluate`, :func:`cross_site_frame` (:mod:`perfmodel.collab_real`)
+rounds): :class:`CrossSite`, :func:`evaluate`, :func:`cross_site_frame`,
+:func:`pipeline_frame` (:mod:`perfmodel.collab_real`)
 over the jittable round model :class:`SiteRate`, :class:`WanRound`, :func:`cross_site_round`,
 :func:`round_grid` (:mod:`perfmodel.collab_sites`; modes in :data:`ROUND_MODES`).
 
@@ -55,6 +56,7 @@ from perfmodel.collab_real import (
     cross_site_frame,
     evaluate,
     make_round,
+    pipeline_frame,
     site_rates,
 )
 from perfmodel.collab_scenario import (
@@ -128,4 +130,5 @@ __all__ = [
     "cross_site_frame",
     "site_rates",
     "make_round",
+    "pipeline_frame",
 ]

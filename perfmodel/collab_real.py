@@ -6,7 +6,9 @@ a hardware preset, a device count, sequences per inner step and the same strateg
 each site's inner step with :func:`perfmodel.estimate` (so a site's numbers are exactly those of
 ``aisim perf estimate`` with the same flags), :func:`evaluate` runs the round model of
 :mod:`perfmodel.collab_sites` over a grid of inner steps H and WAN rates in one ``jit(vmap)``,
-and :func:`cross_site_frame` turns it into one table row per setting. This is the boundary:
+and :func:`cross_site_frame` turns it into one table row per setting; :func:`pipeline_frame` is
+the ``pipeline`` mode (one stage per site, perfmodel's pipeline step with the WAN as its tier).
+This is the boundary:
 bad values raise :class:`~simbase.errors.AisimError` with ``source=None`` and ``field`` the
 parameter's name (the strategy's own names for a site's knobs, ``num_gpus`` for devices).
 """
