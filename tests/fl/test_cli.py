@@ -144,3 +144,44 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path):
     assert res.exit_code == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "local_epoch" in lines[0] and "local-epochs" in lines[0]
+
+
+def test_fedbuff_trace_and_client_eval_from_toml_and_flags(tmp_path):
+    trace = tmp_path / "trace.csv"
+    res = runner.invoke(app, ["fl", "trace", "--clients", "20", "--seed", "2", "--out", str(trace)])
+    assert res.exit_code == 0 and "20 clients" in res.stdout
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(
+        'algorithm = "fedbuff"\nbuffer-size = 2\nconcurrency = 4\nclient-eval = true\n'
+        'personalize = "finetune"\nfinetune-steps = 2\nmodel = "logreg"\n'
+    )
+    args = [a for a in SMALL if a not in ("--clients-per-round", "5")]
+    res = runner.invoke(
+        app, [*args, "--config", str(cfg), "--trace", str(trace), "--out", str(tmp_path / "r")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (
+        "FedBuff: 4 server updates of K = 2" in res.stdout and "per-client accuracy" in res.stdout
+    )
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["fedbuff"]["concurrency"] == 4 and s["client_eval"]["finetune_steps"] == 2
+    assert s["trace"] == str(trace) and s["config"]["buffer_size"] == 2
+    m = pd.read_csv(tmp_path / "r" / "metrics.csv")
+    assert {"staleness_mean", "client_acc_worst10", "client_acc_global_mean"} <= set(m.columns)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--buffer-size", "5"], "'--buffer-size' = 5: expected 10 here"),
+        (["--algorithm", "fedbuff", "--concurrency", "50"], "'--concurrency' = 50"),
+        (["--finetune-steps", "3"], "'--finetune-steps' = 3"),
+        (["--client-eval", "--personalize", "meta"], "'--personalize' = 'meta'"),
+        (["--trace", "nope.csv"], "'--trace' = 'nope.csv': expected an existing CSV file"),
+    ],
+)
+def test_new_options_bad_input_is_one_line_exit_2(args, needle):
+    res = runner.invoke(app, ["fl", "run", "--rounds", "1", *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output

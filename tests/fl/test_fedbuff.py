@@ -5,6 +5,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 
 from fl import asynchronous as fa
@@ -189,3 +190,11 @@ def test_fedbuff_settings_without_effect_are_errors(change, field, cfg_factory):
     with pytest.raises(AisimError) as e:
         validate(cfg_factory(**change))
     assert e.value.field == field
+
+
+def test_fedbuff_resumes_to_the_same_metrics(cfg_factory, tmp_path):
+    cfg = cfg_factory(**LOOP_CASE, rounds=5, checkpoint_every=2)
+    full = simulate(cfg, tmp_path / "a").metrics
+    simulate(cfg, tmp_path / "b", stop_after=3)  # interrupted after update 3, checkpoint at 2
+    resumed = simulate(cfg, tmp_path / "b", resume=True).metrics
+    pd.testing.assert_frame_equal(full, resumed)
