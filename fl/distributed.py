@@ -14,8 +14,10 @@ processes exchange the round's sums with gloo.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 
 import jax
@@ -126,12 +128,43 @@ def initialize(group: ProcessGroup, timeout_s: int = 300, restart_backend: bool 
             group.process_id,
             initialization_timeout=timeout_s,
         )
+        # Connect the processes now (one all-reduce over every device), with gloo's connection
+        # message sent to stderr: stdout is for the run's results (--json).
+        with _stdout_to_stderr():
+            _all_reduce_ones()
     except (RuntimeError, ValueError) as e:
         raise AisimError(
             f"jax.distributed at {group.coordinator} (process {group.process_id} of "
             f"{group.num_processes}): {str(e).splitlines()[0]}",
             usage=False,
         ) from None
+
+
+def _all_reduce_ones() -> None:
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("all",))
+    n = len(jax.devices())
+    x = jax.make_array_from_callback(
+        (n,), NamedSharding(mesh, PartitionSpec("all")), lambda idx: np.ones(n, np.float32)[idx]
+    )
+    total = jax.jit(jax.numpy.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(x)
+    total.block_until_ready()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """File descriptor 1 pointed at 2 (C++ libraries write there, not to ``sys.stdout``)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def is_writer() -> bool:

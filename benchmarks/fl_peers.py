@@ -1,0 +1,188 @@
+"""aisim against FedJAX on one federated task, trained the same way and timed the same way.
+
+The tasks: scikit-learn digits, Dirichlet(0.5) label skew over 100 clients (aisim's
+per-class partition, the same clients on both sides), all 100 clients every round, the MLP
+64-200-200-10, FedAvg with E = 1 local epoch, B = 10, client SGD lr 0.1, server lr 1, 300 rounds;
+and FedProx's Synthetic(1,1) over 1,000 devices (lognormal sizes), all of them every round,
+multinomial logistic regression, E = 1, B = 10, lr 0.01, 10 rounds.
+Both sides start from their own initialisation, run one untimed round (compilation), then
+``rounds - 1`` timed rounds, and block on the final model; client updates per second are
+clients trained / timed seconds, and the test accuracy is that of the final model on the same
+360 test images.
+
+FedJAX (``pip install fedjax dm-haiku tabulate jmp --no-deps``; not a dependency of aisim) is
+written for older JAX: :func:`fedjax_shim` puts back the ``jax.tree_*`` aliases that JAX 0.6
+removed, here, not in aisim. Flower's simulation needs Ray; see the benchmark's output for
+whether it ran.
+
+Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from fl import ExperimentConfig, build
+
+DIGITS = ExperimentConfig(
+    dataset="digits",
+    clients=100,
+    clients_per_round=100,
+    partition="dirichlet",
+    dirichlet_alpha=0.5,
+    local_epochs=1,
+    batch_size=10,
+    lr=0.1,
+    devices="server",
+)
+SYNTHETIC = ExperimentConfig(
+    dataset="synthetic",
+    clients=1000,
+    clients_per_round=1000,
+    local_epochs=1,
+    batch_size=10,
+    lr=0.01,
+    devices="server",
+)
+TASKS = {  # name: (config, rounds, quick rounds)
+    "digits MLP 64-200-200-10, Dirichlet(0.5), 100 of 100 clients": (DIGITS, 300, 30),
+    "synthetic(1,1) logreg, 1,000 of 1,000 clients": (SYNTHETIC, 10, 3),
+}
+
+
+def fedjax_shim() -> None:
+    """The ``jax.tree_*`` and ``jax.tree_util.tree_multimap`` names FedJAX 0.0.17 calls."""
+    for name in ("map", "leaves", "flatten", "unflatten", "structure", "reduce"):
+        if not hasattr(jax, "tree_" + name):
+            setattr(jax, "tree_" + name, getattr(jax.tree, name))
+    if not hasattr(jax.tree_util, "tree_multimap"):
+        jax.tree_util.tree_multimap = jax.tree.map
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    updates_per_s: float
+    accuracy: float
+    timed_s: float
+
+
+def run_aisim(cfg: ExperimentConfig, rounds: int) -> Result:
+    """aisim's jitted round, ``rounds`` rounds (the first untimed)."""
+    b = build(dataclasses.replace(cfg, rounds=rounds))
+    state, met = b.run_round(b.init_state, b.inputs, b.hyper)  # compiles
+    jax.block_until_ready(state)
+    kept = 0
+    t0 = time.perf_counter()
+    for _ in range(rounds - 1):
+        state, met = b.run_round(state, b.inputs, b.hyper)
+        kept += met.clients_kept  # stays on the device: no host sync per round
+    jax.block_until_ready(state)
+    dt = time.perf_counter() - t0
+    _, acc = b.evaluate(state.params, *b.eval_sets[1])
+    return Result("aisim", int(kept) / dt, float(acc), dt)
+
+
+def run_fedjax(cfg: ExperimentConfig, rounds: int) -> Result:
+    """FedJAX's ``fed_avg`` on the same clients (a haiku MLP of the same shape)."""
+    fedjax_shim()
+    import fedjax
+    import haiku as hk
+    from fedjax.algorithms import fed_avg
+
+    b = build(cfg)
+    ds, pop = b.data, b.data.population
+    clients = {}
+    for k in range(pop.num_clients):
+        r = pop.client_rows(k)
+        clients[k] = {"x": ds.x_train[r], "y": ds.y_train[r]}
+    data = fedjax.InMemoryFederatedData(clients)
+
+    hidden = [200, 200] if b.model.name in ("mlp", "2nn") else []
+
+    def forward(batch):
+        return hk.nets.MLP([*hidden, ds.num_classes])(batch["x"])
+
+    model = fedjax.create_model_from_haiku(
+        transformed_forward_pass=hk.transform(forward),
+        sample_batch={"x": np.zeros((1, *ds.input_shape), np.float32)},
+        train_loss=lambda batch, preds: fedjax.metrics.unreduced_cross_entropy_loss(
+            batch["y"], preds
+        ),
+        eval_metrics={"accuracy": fedjax.metrics.Accuracy()},
+    )
+    algorithm = fed_avg.federated_averaging(
+        fedjax.model_grad(model),
+        fedjax.optimizers.sgd(cfg.lr),
+        fedjax.optimizers.sgd(1.0),
+        fedjax.ShuffleRepeatBatchHParams(
+            batch_size=cfg.batch_size, num_epochs=cfg.local_epochs, drop_remainder=False
+        ),
+    )
+    state = algorithm.init(model.init(jax.random.PRNGKey(cfg.seed)))
+    key = jax.random.PRNGKey(cfg.seed + 1)
+    ids = list(range(pop.num_clients))
+
+    def one_round(state, r):
+        cohort = [(i, data.get_client(i), jax.random.fold_in(key, r * len(ids) + i)) for i in ids]
+        state, _ = algorithm.apply(state, cohort)
+        return state
+
+    state = one_round(state, 0)  # compiles every batch shape
+    jax.block_until_ready(state.params)
+    t0 = time.perf_counter()
+    for r in range(1, rounds):
+        state = one_round(state, r)
+    jax.block_until_ready(state.params)
+    dt = time.perf_counter() - t0
+    test = fedjax.ClientDataset({"x": ds.x_test, "y": ds.y_test})
+    acc = fedjax.evaluate_model(model, state.params, test.padded_batch(batch_size=512))
+    return Result("fedjax", len(ids) * (rounds - 1) / dt, float(acc["accuracy"]), dt)
+
+
+def flower_available() -> str | None:
+    """Why Flower's simulation cannot run here, or ``None`` when it can."""
+    try:
+        import flwr  # noqa: F401
+        import ray  # noqa: F401
+    except ImportError as e:
+        return f"not installed ({e.name})"
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every task")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds (30 and 3)")
+    args = ap.parse_args()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}; E=1, B=10")
+    why = flower_available()
+    if why is not None:
+        print(f"flower: {why}")
+    head = f"{'task':<62} {'rounds':>6} {'simulator':<9} {'updates/s':>10} {'accuracy':>8} {'aisim is':>8}"
+    print(head)
+    for name, (cfg, rounds, quick_rounds) in TASKS.items():
+        rounds = args.rounds or (quick_rounds if args.quick else rounds)
+        results = [run_aisim(cfg, rounds)]
+        try:
+            results.append(run_fedjax(cfg, rounds))
+        except ImportError as e:
+            print(
+                f"fedjax: not installed ({e.name}); pip install fedjax dm-haiku tabulate jmp --no-deps"
+            )
+        base = results[0].updates_per_s
+        for r in results:
+            print(
+                f"{name:<62} {rounds:>6} {r.name:<9} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
+                f"{base / r.updates_per_s:>7.2f}x",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
