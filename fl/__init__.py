@@ -6,12 +6,14 @@ The entry point is :func:`simulate` (``fl.simulate(fl.ExperimentConfig(...))``),
 :class:`ExperimentConfig` field.
 """
 
+from fl.asynchronous import AsyncSpec, AsyncState, init_async, make_fill, staleness_weight
 from fl.build import Built, build
 from fl.centralised import train_centralised
 from fl.config import ExperimentConfig, load_toml, validate
 from fl.data import FederatedData, digits, load, mnist, synthetic, synthetic_population
 from fl.models import Model, cross_entropy, make_model
 from fl.partition import Population, dirichlet, iid, quantity, shards
+from fl.personalization import client_stats, make_client_eval, make_ditto_step, split_local
 from fl.plotting import plot_accuracy, plot_loss
 from fl.privacy import PrivacyReport, epsilon
 from fl.round import (
@@ -84,6 +86,16 @@ __all__ = [
     "generate_trace",
     "read_trace",
     "load_trace",
+    "AsyncSpec",
+    "AsyncState",
+    "init_async",
+    "make_fill",
+    "staleness_weight",
+    # per-client evaluation and personalization (fl.personalization)
+    "split_local",
+    "make_client_eval",
+    "make_ditto_step",
+    "client_stats",
     # privacy (DP-FedAvg accounting with dp-accounting)
     "epsilon",
     "PrivacyReport",
