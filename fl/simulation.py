@@ -7,6 +7,10 @@ Contract: :func:`simulate` turns a validated :class:`~fl.config.ExperimentConfig
 and ``metrics.csv`` / ``summary.json`` at the end; ``resume=True`` continues from the checkpoint
 and, since every round's randomness is keyed by the round number, reaches the same final metrics
 as an uninterrupted run. A NaN or infinite model stops the run, keeping the rows so far.
+With ``algorithm = "fedbuff"`` a row is one server update (:mod:`fl.asynchronous`) and the
+metrics gain the staleness columns; with ``client_eval`` every evaluated row gains the per-client
+accuracy statistics (:mod:`fl.personalization`), and Ditto's personal models are checkpointed
+with the server state.
 """
 
 from __future__ import annotations
