@@ -27,7 +27,9 @@ FLAGS = flag_names(out_dir="--resume")
 @app.command("run")
 def run(
     ctx: typer.Context,
-    dataset: Annotated[str, _opt(help="synthetic, digits or mnist.")] = "synthetic",
+    dataset: Annotated[
+        str, _opt(help="synthetic, digits, mnist or shakespeare (one client per role).")
+    ] = "synthetic",
     alpha: Annotated[float, _opt(help="Synthetic(α, β): std of the local model means.")] = 1.0,
     beta: Annotated[float, _opt(help="Synthetic(α, β): std of the local input means.")] = 1.0,
     iid: Annotated[bool, _opt("--iid", help="Synthetic-IID instead of Synthetic(α, β).")] = False,
@@ -45,7 +47,7 @@ def run(
         ),
     ] = "per-class",
     model: Annotated[
-        str | None, _opt(help="logreg, mlp, 2nn or cnn (default: by data set).")
+        str | None, _opt(help="logreg, mlp, 2nn, cnn or lstm (default: by data set).")
     ] = None,
     clients: Annotated[int, _opt(help="Population size (synthetic: up to 1M).")] = 30,
     clients_per_round: Annotated[int, _opt(help="Clients sampled each round.")] = 10,

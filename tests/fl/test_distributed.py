@@ -93,3 +93,28 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert len(two) == 3
     # The same sharded program over two devices, in two processes or one: the same numbers.
     pd.testing.assert_frame_equal(two, ref, check_exact=False, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--num-processes", "2", "--process-id", "0"], "'--coordinator' = None: expected a value"),
+        (["--coordinator", "nohost", "--num-processes", "2", "--process-id", "0"], "HOST:PORT"),
+        (
+            ["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"],
+            "'--process-id' = 2",
+        ),
+        (["--coordinator", "h:1", "--num-processes", "2"], "'--process-id' = None"),
+    ],
+)
+def test_cli_bad_process_flags_are_one_line_exit_2(args, needle, monkeypatch):
+    from typer.testing import CliRunner
+
+    from aisim.app import app
+
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    res = CliRunner().invoke(app, ["fl", "run", "--rounds", "1", *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output
