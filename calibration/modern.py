@@ -34,6 +34,9 @@ Strategy assumptions where a row is blank (each a documented default of the fram
 - ``tp_overlap``: on for the Megatron family on H100/B200 (NeMo's yaml ``tp_comm_overlap``,
   Megatron-LM's README, Megatron-Bridge's H100 recipes) and for torchtitan rows whose notes say
   "Async TP"/"AsyncTP";
+- MoE: the EP all-to-all overlaps compute for Megatron-Bridge rows and rows whose notes say
+  "1f1b overlap"; tokens are dispatched with DeepEP (``flex``) for DeepSeek-V3 and rows whose
+  notes name DeepEP, with the plain all-to-all otherwise;
 - torchtitan "Interleaved 1F1B" with unpublished virtual stages: 2 chunks per rank (its default
   for the interleaved schedule when the stage count is not set).
 """
@@ -268,10 +271,15 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         gpus_per_node=int(hw.spec.gpus_per_node),
         tp_overlap=bool(tp_overlap and tp > 1),
         # Megatron-Bridge's MoE performance recipes overlap the EP all-to-all with the other
-        # microbatch's compute (``overlap_moe_expert_parallel_comm``, 1F1B A2A overlap)
-        moe_overlap=fw == "megatron-bridge" and _int(row, "ep", 1) > 1,
-        # its DeepSeek-V3 recipes dispatch with DeepEP (``moe_token_dispatcher_type: flex``)
-        moe_dispatch="flex" if str(_cell(row, "model")) == "deepseek-v3" else "alltoall",
+        # microbatch's compute (``overlap_moe_expert_parallel_comm``, 1F1B A2A overlap), as do
+        # rows whose notes say "1f1b overlap"
+        moe_overlap=(fw == "megatron-bridge" or "1f1b overlap" in notes.lower())
+        and _int(row, "ep", 1) > 1,
+        # DeepSeek-V3 recipes dispatch with DeepEP (``moe_token_dispatcher_type: flex``), as do
+        # rows whose notes name DeepEP
+        moe_dispatch="flex"
+        if str(_cell(row, "model")) == "deepseek-v3" or "deepep" in notes.lower()
+        else "alltoall",
         # the NeMo launcher's Apex distributed_fused_adam reduces gradients in bf16
         # (``grad_sync_dtype: bf16``); Megatron-Core's DDP default is fp32
         grad_reduce_fp32=None if fw != "nemo" else dtype == "fp32",

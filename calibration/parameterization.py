@@ -43,6 +43,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     "fp8_matmul_efficiency_ratio": ("sigmoid", 1.0),
     "attention_efficiency_ratio": ("sigmoid", 1.0),
     "tp_overlap_fraction": ("sigmoid", 1.0),
+    "moe_layer_overhead_s": ("softplus", 1e-3),
 }
 PER_TIER = ("link_bandwidth_efficiency", "link_latency_s")
 # shorthand -> the sigmoid entries whose logits one shared shift moves

@@ -43,6 +43,10 @@ class Constants:
       attention_efficiency_ratio: a fused attention kernel's maximum efficiency over a GEMM's.
       tp_overlap_fraction: the most of the tensor-parallel traffic hidden behind GEMMs when
         ``tp_overlap`` is on.
+      moe_layer_overhead_s: host-bound time of one MoE layer for one microbatch, forward and
+        backward together, that no GPU work hides: the token dispatcher's device-to-host syncs
+        of per-expert token counts (the all-to-all and grouped-GEMM sizes are set on the host)
+        and the launches of the small routing kernels that follow each sync.
     """
 
     matmul_efficiency_max: Float[Array, ""]
@@ -58,6 +62,7 @@ class Constants:
     fp8_matmul_efficiency_ratio: Float[Array, ""]
     attention_efficiency_ratio: Float[Array, ""]
     tp_overlap_fraction: Float[Array, ""]
+    moe_layer_overhead_s: Float[Array, ""]
 
 
 # name in the JSON file -> (Constants field, scale to SI, unit for messages, upper bound)
@@ -78,6 +83,7 @@ _FILE_FIELDS = {
     ),
     "attention_efficiency_ratio": ("attention_efficiency_ratio", 1.0, "a fraction in (0, 1]", 1.0),
     "tp_overlap_fraction": ("tp_overlap_fraction", 1.0, "a fraction in [0, 1]", 1.0),
+    "moe_layer_overhead_ms": ("moe_layer_overhead_s", units.MS, "milliseconds", math.inf),
 }
 _DEFAULTS = {
     "matmul_efficiency_max": 0.85,
@@ -95,6 +101,10 @@ _DEFAULTS = {
     # (Dao 2023, FlashAttention-2, Fig. 5-7 on H100/A100)
     "attention_efficiency_ratio": 0.75,
     "tp_overlap_fraction": 0.6,
+    # fitted (calibration.fit, this one constant free) to the six Megatron-family MoE rows on
+    # H100 of calibration/data/modern_runs.csv (Grok-1, DeepSeek-V3, GPT-OSS-120B, Qwen3-30B-A3B,
+    # Qwen3-235B-A22B): 3.4 ± 1.2 ms; host-side, so the same on every device
+    "moe_layer_overhead_ms": 3.4,
 }
 
 

@@ -258,11 +258,15 @@ def _fp8_casts(m: ModelSpec, s: Strategy, ops, moe_ops, moe_layer: bool) -> tupl
     )
 
 
-def _compute_terms(m: ModelSpec, s: Strategy, t, prec: _Precision, modes: _Modes) -> _StageCompute:
+def _compute_terms(
+    m: ModelSpec, s: Strategy, c: Constants, t, prec: _Precision, modes: _Modes
+) -> _StageCompute:
     """Compute of the slowest stage for one microbatch: each op class by the roofline, the
     backward pass twice the forward, plus what recomputation redoes (the whole forward of
     ``recompute_layers`` layers, or the attention core: Korthikanti et al. 2022 §5), a fused
-    kernel's backward recomputing Q·Kᵀ (Dao et al. 2022), and FP8's cast kernels. Dense and
+    kernel's backward recomputing Q·Kᵀ (Dao et al. 2022), FP8's cast kernels, and each MoE
+    layer's host-bound time (``moe_layer_overhead_s``: a third in the forward, two thirds in
+    the backward, the forward's share again when the layer is recomputed). Dense and
     MoE layers are timed apart; the busiest stage holds ``ceil(L/pp)`` layers, or the lighter
     first/last stage with the embedding or the logits when that is slower
     (:func:`perfmodel.memory.end_stage_layers`)."""
@@ -291,7 +295,9 @@ def _compute_terms(m: ModelSpec, s: Strategy, t, prec: _Precision, modes: _Modes
     attn_core = t(ops.attention) + t(ops.softmax)  # what selective recomputation redoes
     sel_redo = jnp.where(selective, attn_core, 0.0)
     dense_f, dense_b = attn_fwd + dense_fwd, attn_bwd + dense_bwd + cast_dense
-    moe_f, moe_b = attn_fwd + moe_fwd, attn_bwd + moe_bwd + cast_moe
+    host = c.moe_layer_overhead_s * (m.num_experts > 0)
+    moe_f = attn_fwd + moe_fwd + host / 3.0
+    moe_b = attn_bwd + moe_bwd + cast_moe + 2.0 * host / 3.0
     n = layers_per_stage(m, s)
     first, last = end_stage_layers(m, s)
     n_moe = stage_moe_layers(m, n) if m.kind == "transformer" else jnp.zeros(())
@@ -415,7 +421,7 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     modes = _modes(s)
     t = _timer(hw, c, prec, modes.fused)
     v, mb = modes.chunks, s.num_microbatches
-    stage = _compute_terms(m, s, t, prec, modes)
+    stage = _compute_terms(m, s, c, t, prec, modes)
     n_dense, n_moe = stage.dense_layers, stage.moe_layers
     tp_mb = terms.tp_comm(m, hw, c, s, prec.act_bytes, n_dense, n_moe, modes.full)
     tp_hidden = jnp.where(

@@ -7,6 +7,7 @@ makes them worse fails here. The holdout file is not used: it is evaluated once,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -37,6 +38,10 @@ KNOWN_INFEASIBLE = {
     "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K bf16 torchtitan",
     "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
     "llama3-8b h100-sxm x128 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
+    # B200 (180 GB): activations of pp 8 without recomputation, weights of 405B on tp 4
+    "llama3-405b b200 x128 tp/pp/cp/ep=4/8/2/1 s8K fp8 megatron-bridge",
+    "gpt-oss-120b b200 x64 tp/pp/cp/ep=1/1/1/8 s4K bf16 megatron-bridge",
+    "deepseek-v3 b200 x256 tp/pp/cp/ep=1/8/1/32 s4K fp8 megatron-bridge",
 }
 
 
@@ -51,6 +56,12 @@ MODELS_AT_FIT = {
     "nemotron4-15b",
     "nemotron4-340b",
     "grok-1",
+    # issue 15's MoE and 405B presets
+    "llama3-405b",
+    "deepseek-v3",
+    "gpt-oss-120b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
 }
 
 
@@ -69,7 +80,7 @@ def test_only_rows_without_a_model_preset_are_skipped():
     runs, skipped = load_modern_runs(MAIN_CSV)
     assert len(runs) + len(skipped) == len(pd.read_csv(MAIN_CSV))
     assert all(why.startswith("no model preset") for _, why in skipped)
-    assert sum(r.model.name in MODELS_AT_FIT for r in runs) == 56
+    assert sum(r.model.name in MODELS_AT_FIT for r in runs) == 75  # every row
 
 
 def test_megatron_flops_by_hand():
@@ -113,14 +124,46 @@ def test_dense_megatron_h100_uncalibrated_within_6_5_pct(evaluated):
     assert _mae(sel) < 6.5
 
 
-def test_moe_megatron_h100_uncalibrated_within_19_pct(evaluated):
-    # target 20%; Grok-1 BF16/FP8 (the only MoE rows with a model) are 15% and 20% fast
+def test_moe_megatron_uncalibrated_within_10_pct(evaluated):
+    # target 20%. The H100 rows fitted moe_layer_overhead_ms (9.0%); the B200 rows did not (8.5%)
     _, _, df = evaluated
-    sel = df[
-        (df["stack"] == "megatron-core") & (df["hardware"] == "h100-sxm") & (df["group"] == "moe")
+    for hw in ("h100-sxm", "b200"):
+        sel = df[(df["stack"] == "megatron-core") & (df["hardware"] == hw) & (df["group"] == "moe")]
+        assert len(sel) >= 4
+        assert _mae(sel) < 10.0, hw
+
+
+@pytest.mark.slow
+def test_moe_layer_overhead_default_is_its_fit_to_the_h100_moe_rows():
+    """The shipped ``moe_layer_overhead_ms`` (3.4) is what calibration.fit gives with that one
+    constant free on the six Megatron-family MoE rows on H100 (the constants docstring)."""
+    from calibration.fit import fit
+    from calibration.parameterization import parse_free
+    from calibration.rows import RowConfig, build_batch
+
+    runs, _ = load_modern_runs(MAIN_CSV)
+    sel = [
+        r
+        for r in runs
+        if r.stack == "megatron-core"
+        and r.hardware.name == "h100-sxm"
+        and float(r.model.spec.num_experts) > 0
     ]
-    assert len(sel) >= 2
-    assert _mae(sel) < 19.0
+    assert len(sel) == 6
+    batch = build_batch(
+        [RowConfig(model=r.model, hardware=r.hardware, knobs={}, where=r.label) for r in sel],
+        [r.strategy for r in sel],
+    )
+    start = dataclasses.replace(sel[0].hardware.constants, moe_layer_overhead_s=np.float32(1e-3))
+    res = fit(
+        parse_free(["moe_layer_overhead_s"], start),
+        batch,
+        np.array([r.measured_step_s for r in sel]),
+        seed=0,
+        cross_validate=False,
+    )
+    shipped = float(sel[0].hardware.constants.moe_layer_overhead_s)
+    assert res.values["moe_layer_overhead_s"] == pytest.approx(shipped, rel=0.05)
 
 
 def test_b200_dense_uncalibrated_within_5_pct(evaluated):
@@ -157,10 +200,14 @@ def test_measured_runs_feasible_but_the_known_memory_misses(evaluated):
     _, _, df = evaluated
     infeasible = set(df.label[~df.feasible])
     assert infeasible <= KNOWN_INFEASIBLE
-    assert df.valid.all()  # no strategy that ran is called invalid
+    # no strategy that ran is called invalid, but DeepSeek-V3's 61 layers on pp 8 x 2 chunks:
+    # Megatron-Bridge places them with a custom --pipeline-model-parallel-layout, and the model
+    # knows only even interleaved splits (pp·v dividing L, L+1 or L+2)
+    invalid = set(df.label[~df.valid])
+    assert invalid <= {"deepseek-v3 b200 x256 tp/pp/cp/ep=1/8/1/32 s4K fp8 megatron-bridge"}
 
 
-@pytest.mark.xfail(strict=True, reason="memory model too heavy for 6 runs (docs/validation.md)")
+@pytest.mark.xfail(strict=True, reason="memory model too heavy for 8 runs (docs/validation.md)")
 def test_no_measured_run_is_predicted_infeasible(evaluated):
     _, _, df = evaluated
     assert df.feasible.all()

@@ -326,3 +326,23 @@ def test_flex_dispatch_sends_a_token_once_per_remote_domain():
     one = 3 * a1 + remote * token_bytes / b1  # the NIC side dominates here
     # 4 dispatches/combines per layer (fwd and bwd), 4 layers
     assert float(flex.ep_comm_s) == pytest.approx(16 * one, rel=1e-4)
+
+
+def test_moe_layer_host_overhead_by_hand():
+    """``moe_layer_overhead_s`` adds its value once per MoE layer and microbatch (a third more for
+    a recomputed layer's forward) and nothing to a dense model."""
+    hw = H100.spec
+    on = dataclasses.replace(H100.constants, moe_layer_overhead_s=np.float32(2e-3))
+    off = dataclasses.replace(H100.constants, moe_layer_overhead_s=np.float32(0.0))
+    m = _moe(dense_layers=1)  # 4 layers, 3 of them MoE
+    s = make_strategy(dp=8, ep=8, micro_batch_size=1, num_microbatches=5, gpus_per_node=8)
+    gap = float(STEP(m, hw, on, s).step_time_s) - float(STEP(m, hw, off, s).step_time_s)
+    assert gap == pytest.approx(5 * 3 * 2e-3, rel=1e-3)
+    full = make_strategy(
+        dp=8, ep=8, micro_batch_size=1, num_microbatches=5, gpus_per_node=8, recompute="full"
+    )
+    gap = float(STEP(m, hw, on, full).step_time_s) - float(STEP(m, hw, off, full).step_time_s)
+    assert gap == pytest.approx(5 * 3 * 2e-3 * 4 / 3, rel=1e-3)
+    d = _m()
+    sd = make_strategy(dp=8, micro_batch_size=1, num_microbatches=5, gpus_per_node=8)
+    assert float(STEP(d, hw, on, sd).step_time_s) == float(STEP(d, hw, off, sd).step_time_s)
