@@ -165,8 +165,10 @@ def sweep(
       **knobs: restrictions of the grid's axes, by :func:`enumerate_strategies`'s names
         (:data:`perfmodel.sweep_grid.GRID_KNOBS`: ``tp``, ``pp``, ``micro_batch``,
         ``schedule``, ``interleave``, ``zero``, ``recompute``, ``sequence_parallel``,
-        ``dtype``, ``dp_overlap``, ``fused_attention``), each a list of values; None means
-        every valid value.
+        ``dtype``, ``dp_overlap``, ``fused_attention``, and today's ``cp``, ``ep``, ``etp``,
+        ``shard_size``, ``recompute_layers``, ``tp_overlap``, ``grad_reduce_fp32``,
+        ``moe_imbalance``, ``moe_dispatch``, ``moe_overlap``, ``cp_comm``, ``fsdp_reshard``),
+        each a list of values; None means every valid value.
 
     Returns:
       A :class:`SweepResult`.
