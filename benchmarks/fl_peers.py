@@ -15,13 +15,14 @@ written for older JAX: :func:`fedjax_shim` puts back the ``jax.tree_*`` aliases 
 removed, here, not in aisim. Flower's simulation needs Ray; see the benchmark's output for
 whether it ran.
 
-Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick]``
+Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick]`` (``AISIM_QUICK=1`` = ``--quick``)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 
 import jax
@@ -160,6 +161,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every task")
     ap.add_argument("--quick", action="store_true", help="fewer rounds (30 and 3)")
     args = ap.parse_args()
+    args.quick = args.quick or os.environ.get("AISIM_QUICK") == "1"  # the docs' smoke test
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}; E=1, B=10")
     why = flower_available()
     if why is not None:

@@ -60,6 +60,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
+    if os.environ.get("AISIM_QUICK") == "1":  # the docs' smoke test
+        args.rounds = 2
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}")
     for name, (cfg, _, _) in TASKS.items():
         b = build(cfg)
