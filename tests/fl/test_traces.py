@@ -70,18 +70,30 @@ def test_a_cohort_larger_than_the_available_clients_shrinks(tmp_path, build_fact
     assert int(met.clients_sampled) == 6 and int(met.clients_kept) == 6
 
 
+ASYNC = dict(
+    algorithm="fedbuff", buffer_size=2, concurrency=4, clients_per_round=10, model="logreg",
+    max_local_steps=2,
+)  # fmt: skip
+
+
 def test_fedbuff_dispatches_only_available_clients(tmp_path, build_factory):
     hours = ["0-24"] * 10 + [""] * 30
     path = _write(tmp_path, {"client_id": range(40), "available_hours": hours})
-    b = build_factory(
-        trace=path, algorithm="fedbuff", buffer_size=2, concurrency=4, clients_per_round=10,
-        model="logreg", max_local_steps=2,
-    )  # fmt: skip
+    b = build_factory(trace=path, **ASYNC)
     state = b.init_state
     for _ in range(4):
         state, met = b.run_round(state, b.inputs, b.hyper)
         assert set(np.asarray(met.arrived_ids).tolist()) <= set(range(10))
         assert set(np.asarray(state.ids).tolist()) <= set(range(10))
+
+
+def test_fedbuff_waits_for_the_first_available_hour(tmp_path, build_factory):
+    # nobody is available before 02:00 UTC: the first dispatches wait two hours
+    path = _write(tmp_path, {"client_id": range(40), "available_hours": ["2-6"] * 40})
+    b = build_factory(trace=path, **ASYNC)
+    assert float(b.init_state.finish_s.min()) > 2 * 3600.0
+    state, met = b.run_round(b.init_state, b.inputs, b.hyper)
+    assert 2 * 3600.0 < float(state.clock_s) < 2 * 3600.0 + 60.0
 
 
 @pytest.mark.parametrize(
