@@ -24,6 +24,9 @@ Part 2 is a scale run: a 1M-client Synthetic(1,1) population, 10,000 clients per
 reporting rounds/s and peak resident memory (``resource.getrusage``), against the loop on a
 300-client cohort of the same population.
 
+FedJAX itself, on the same task and timed the same way, is in ``benchmarks/fl_peers.py``; where
+a round's time goes per local step, in ``benchmarks/fl_profile.py``.
+
 Usage: ``python benchmarks/fl_throughput.py [--rounds N] [--skip-scale]``
 """
 
