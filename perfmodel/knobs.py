@@ -190,24 +190,24 @@ def _derive_microbatches(
 def _check_schedule(
     schedule: Schedule, interleave: int, pp: int, num_layers: int, num_microbatches: int
 ) -> None:
-    """The interleaved 1F1B schedule (Narayanan et al. SC21 §2.2.2) needs pp > 1, v >= 2 chunks
-    with pp·v dividing the layers (L, L+1 or L+2 with the embedding and loss counted as layers)
-    and a multiple of pp microbatches; other schedules have v = 1."""
+    """The interleaved 1F1B schedule (Narayanan et al. SC21 §2.2.2) needs pp > 1, v >= 2 chunks,
+    no more pp·v chunks than the layers plus the embedding and the loss (an uneven split is a
+    custom Megatron-Core ``--pipeline-model-parallel-layout``), and a multiple of pp
+    microbatches; other schedules have v = 1."""
     if schedule == Schedule.INTERLEAVED:
         if interleave < 2:
             raise bad_value(
                 None, "interleave", interleave, "at least 2 chunks for the interleaved schedule"
             )
-        # the embedding and the loss may count as a layer each (Megatron-Core's
-        # account_for_embedding/loss_in_pipeline_split), as the step model's validity allows
+        # every chunk holds a layer, the embedding or the loss, as the step model's validity
         chunks = pp * interleave
-        if pp < 2 or all((num_layers + extra) % chunks for extra in (0, 1, 2)):
+        if pp < 2 or chunks > num_layers + 2:
             raise bad_value(
                 None,
                 "interleave",
                 interleave,
-                f"a number of chunks with pp·interleave dividing the {num_layers} layers, or "
-                f"them plus the embedding and/or the loss (pp={pp})",
+                f"at most {num_layers + 2} chunks in all (pp·interleave, pp={pp}): the "
+                f"{num_layers} layers, the embedding and the loss",
             )
         if num_microbatches % pp:
             raise bad_value(

@@ -77,10 +77,11 @@ def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
 
     Returns:
       ``True`` when the degrees are positive, tp divides the heads (the hidden units of an
-      MLP), pp is at most the layers, the interleaved schedule's chunks, layers and microbatches
-      divide as Narayanan et al. SC21 §2.2.2 needs (the embedding and the loss may count as a
-      layer each, as Megatron-Core's ``account_for_embedding/loss_in_pipeline_split`` lets
-      94-layer Qwen3-235B run 8 × 4 chunks), cp splits the sequence into ``2·cp``
+      MLP), pp is at most the layers, the interleaved schedule has a multiple of pp
+      microbatches (Narayanan et al. SC21 §2.2.2) and no more ``pp·v`` chunks than the layers
+      plus the embedding and the loss (an uneven split is what Megatron-Core runs with
+      ``--pipeline-model-parallel-layout``, e.g. DeepSeek-V3's 61 layers on 8 × 2 chunks; the
+      busiest stage's ``ceil(L/pp)`` layers set the pace), cp splits the sequence into ``2·cp``
       load-balanced chunks, ep divides the experts and ep·etp the tp·cp·dp ranks of a stage
       (Megatron-Core's folding; a dense model has ep = etp = 1), an HSDP shard group divides
       dp·cp under ZeRO-3 only, and the dtype is supported.
@@ -113,11 +114,7 @@ def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
         interleaved,
         (s.interleave >= 2)
         & (s.pp > 1)
-        & (
-            _divides(s.pp * s.interleave, m.num_layers)
-            | _divides(s.pp * s.interleave, m.num_layers + 1.0)
-            | _divides(s.pp * s.interleave, m.num_layers + 2.0)
-        )
+        & (s.pp * s.interleave <= m.num_layers + 2.0)
         & _divides(s.pp, s.num_microbatches),
         s.interleave == 1,
     )

@@ -104,7 +104,7 @@ def test_enums_compare_inside_jit():
         (dict(global_batch=64, num_microbatches=2), "global_batch", 64),
         (dict(schedule="1f1b", interleave=2), "interleave", 2),
         (dict(schedule="interleaved", interleave=1, pp=2), "interleave", 1),
-        (dict(schedule="interleaved", interleave=5, pp=2), "interleave", 5),
+        (dict(schedule="interleaved", interleave=50, pp=2), "interleave", 50),  # 100 > 96 + 2
         (
             dict(schedule="interleaved", interleave=2, pp=4, num_microbatches=6),
             "num_microbatches",

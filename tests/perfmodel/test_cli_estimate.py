@@ -137,7 +137,7 @@ def test_estimate_table_for_people():
         (["--hardware", "a100"], "a100-80gb"),
         (["--recompute", "sometimes"], "none, selective, full"),
         (["--zero", "5"], "ZeRO stage"),
-        (["--interleave", "5"], "interleave"),
+        (["--interleave", "13"], "interleave"),  # 8 x 13 chunks > 96 layers + 2
         (["--schedule", "1f1b", "--interleave", "2"], "interleave"),
         (["--cost-model", "calculon"], "--cost-model"),
         (["--layers", "0"], "--layers"),

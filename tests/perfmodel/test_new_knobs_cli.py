@@ -219,12 +219,15 @@ def test_narrow_table_hides_empty_then_small_terms_first():
     assert shown == ["optim", "dp", "ep", "compute"]  # smallest hidden first
 
 
-def test_interleaved_chunks_may_count_the_embedding_and_loss():
-    """Qwen3-235B's 94 layers on pp 8 × 4 chunks: 94 + 2 = 96 = 32 chunks of 3 (Megatron-Core's
-    account_for_embedding/loss_in_pipeline_split), as the step model's validity allows."""
+def test_interleaved_chunks_may_split_the_layers_unevenly():
+    """Qwen3-235B's 94 layers on pp 8 × 4 chunks (94 + embedding + loss = 32 chunks of 3) and
+    on 8 × 5 (uneven: a custom Megatron-Core pipeline layout) are accepted, as the step model's
+    validity accepts them; more chunks than the 94 layers, the embedding and the loss are not."""
     shape = dict(SHAPE, num_layers=94, num_gpus=64, pp=8, global_batch=64)
     s = strategy_from_knobs(**shape, interleave=4)
     assert (float(s.interleave), float(s.num_microbatches)) == (4, 8)
+    assert float(strategy_from_knobs(**shape, interleave=5).interleave) == 5
+    assert float(strategy_from_knobs(**shape, interleave=12).interleave) == 12  # 96 chunks
     with pytest.raises(AisimError) as e:
-        strategy_from_knobs(**shape, interleave=5)  # 40 chunks divide none of 94, 95, 96
+        strategy_from_knobs(**shape, interleave=13)  # 104 chunks > 96
     assert e.value.field == "interleave"
