@@ -272,11 +272,13 @@ def _print_human(result, out_dir) -> None:
     tail = result.metrics.dropna(subset=["test_accuracy"]).tail(5)
     tail = tail.dropna(axis=1, how="all")  # epsilon and clip_norm exist only with dpfedavg
     console.print(rich_table(tail, title=f"{s['algorithm']} on {s['dataset']} ({s['model']})"))
+    rate = s["client_updates_per_s"]
+    rate = "n/a" if rate is None else f"{rate:.4g}"
     console.print(
         f"final test accuracy {s['final_test_accuracy']}, best {s['best_test_accuracy']}, "
         f"final train loss {s['final_train_loss']}, {s['rounds']} rounds, "
         f"simulated {s['sim_time_s']:.4g} s, wall {s['wall_time_s']:.3g} s, "
-        f"{s['client_updates_per_s']:.4g} client updates/s",
+        f"{rate} client updates/s (training only: no evaluation, no first-round compile)",
         highlight=False,
     )
     if "privacy" in s:

@@ -94,7 +94,7 @@ def _with_key(state, template):
     return state
 
 
-def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, updates: int):
+def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, clock: _TrainClock):
     from simbase.io import atomic_write_bytes
 
     leaves = jax.tree.leaves(_keyless(state))
@@ -103,7 +103,9 @@ def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, upda
             "leaves": {str(i): np.asarray(x) for i, x in enumerate(leaves)},
             "rows": json.dumps(rows),
             "wall_time_s": wall_s,
-            "client_updates": updates,
+            "client_updates": clock.updates,
+            "train_time_s": clock.train_s,
+            "timed_updates": clock.timed_updates,
         }
     )
     atomic_write_bytes(out_dir / CHECKPOINT, blob)
@@ -112,7 +114,7 @@ def _save_checkpoint(out_dir: Path, state, rows: list[dict], wall_s: float, upda
 def _load_checkpoint(out_dir: Path, template):
     path = out_dir / CHECKPOINT
     if not path.exists():
-        return template, [], 0.0, 0
+        return template, [], 0.0, _TrainClock()
     blob = serialization.msgpack_restore(path.read_bytes())
     skeleton = _keyless(template)
     leaves, treedef = jax.tree.flatten(skeleton)
@@ -121,7 +123,12 @@ def _load_checkpoint(out_dir: Path, template):
         raise AisimError(f"{path}: checkpoint does not match the run's config.json", usage=False)
     restored = [jnp.asarray(stored[str(i)], leaves[i].dtype) for i in range(len(leaves))]
     state = _with_key(jax.tree.unflatten(treedef, restored), template)
-    return state, json.loads(blob["rows"]), float(blob["wall_time_s"]), int(blob["client_updates"])
+    clock = _TrainClock(
+        updates=int(blob["client_updates"]),
+        train_s=float(blob.get("train_time_s", 0.0)),
+        timed_updates=int(blob.get("timed_updates", 0)),
+    )
+    return state, json.loads(blob["rows"]), float(blob["wall_time_s"]), clock
 
 
 def time_to_accuracy(metrics: pd.DataFrame, threshold: float) -> dict | None:
@@ -139,8 +146,21 @@ def privacy_report(b: Built, rounds: int):
     return epsilon(n, m, b.cfg.noise_multiplier, rounds, b.cfg.delta)
 
 
-def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, diverged_round) -> dict:
-    """The run's summary (the keys ``--json`` prints)."""
+@dataclasses.dataclass
+class _TrainClock:
+    """Client updates, and the seconds spent training them: each round's update and the fetch
+    of its metrics, without evaluation, checkpoints, or a process's first round (it compiles)."""
+
+    updates: int = 0
+    train_s: float = 0.0
+    timed_updates: int = 0
+
+
+def summarise(
+    b: Built, metrics: pd.DataFrame, wall_s: float, clock: _TrainClock, diverged_round
+) -> dict:
+    """The run's summary (the keys ``--json`` prints). ``client_updates_per_s`` counts training
+    time only (see :class:`_TrainClock`); ``wall_time_s`` is everything."""
     cfg = b.cfg
 
     def last(col):
@@ -156,7 +176,9 @@ def summarise(b: Built, metrics: pd.DataFrame, wall_s: float, updates: int, dive
         "rounds": int(len(metrics)),
         "sim_time_s": float(metrics["sim_time_s"].iloc[-1]) if len(metrics) else 0.0,
         "wall_time_s": wall_s,
-        "client_updates_per_s": updates / wall_s if wall_s > 0 else None,
+        "train_time_s": clock.train_s,
+        "client_updates": clock.updates,
+        "client_updates_per_s": clock.timed_updates / clock.train_s if clock.train_s > 0 else None,
         "diverged": diverged_round is not None,
         "diverged_round": diverged_round,
         "dataset": b.data.name,
@@ -273,11 +295,11 @@ def simulate(
     b = build(cfg)
     per = _ClientEval(b) if cfg.client_eval else None
     personal = per.init_personal() if per is not None else None
-    state, rows, wall_s, updates = b.init_state, [], 0.0, 0
+    state, rows, wall_s, clock = b.init_state, [], 0.0, _TrainClock()
     if out is not None:
         if resume:
             template = state if personal is None else (state, personal)
-            loaded, rows, wall_s, updates = _load_checkpoint(out, template)
+            loaded, rows, wall_s, clock = _load_checkpoint(out, template)
             state, personal = loaded if personal is not None else (loaded, None)
         else:
             atomic_write_text(out / "config.json", to_json(cfg.to_dict()))
@@ -289,14 +311,19 @@ def simulate(
     columns = list(COLUMNS) + (list(ASYNC_COLUMNS) if cfg.algorithm == "fedbuff" else [])
     columns += list(client_columns(cfg))
     t0 = time.perf_counter()
-    for r in range(len(rows) + 1, last + 1):
+    first = len(rows) + 1
+    for r in range(first, last + 1):
         before = state
+        t_round = time.perf_counter()
         state, met = b.run_round(state, b.inputs, b.hyper)
+        m = jax.device_get(met)
+        if r > first:  # this process's first round compiles the round
+            clock.train_s += time.perf_counter() - t_round
+            clock.timed_updates += int(m.clients_kept)
         if personal is not None:
             personal = per.ditto(personal, before, b.inputs, b.hyper, jnp.float32(cfg.ditto_lambda))
-        m = jax.device_get(met)
         sim_t += float(m.round_time_s)
-        updates += int(m.clients_kept)
+        clock.updates += int(m.clients_kept)
         row = {
             "round": r,
             "sim_time_s": sim_t,
@@ -328,10 +355,10 @@ def simulate(
             break
         if out is not None and r % cfg.checkpoint_every == 0:
             saved = state if personal is None else (state, personal)
-            _save_checkpoint(out, saved, rows, wall_s + time.perf_counter() - t0, updates)
+            _save_checkpoint(out, saved, rows, wall_s + time.perf_counter() - t0, clock)
     wall_s += time.perf_counter() - t0
     metrics = pd.DataFrame(rows, columns=columns)
-    summary = summarise(b, metrics, wall_s, updates, diverged_round)
+    summary = summarise(b, metrics, wall_s, clock, diverged_round)
     if out is not None:
         write_table(metrics, out / "metrics.csv")
         atomic_write_text(out / "summary.json", to_json(summary))
