@@ -60,16 +60,18 @@ def _load_defaults() -> dict:
 
 
 DISTIR_DEFAULTS = _load_defaults()
-DEVICE_THROUGHPUT_FLOPS_PER_S = jnp.asarray(
-    DISTIR_DEFAULTS["device_throughput_flops_per_s"], jnp.float32
+# numpy, not jax: importing this module must not start a JAX backend (jax.distributed
+# has to be initialised first, fl.distributed)
+DEVICE_THROUGHPUT_FLOPS_PER_S = np.asarray(
+    DISTIR_DEFAULTS["device_throughput_flops_per_s"], np.float32
 )
-DRAM_BANDWIDTH_BYTES_PER_S = jnp.asarray(DISTIR_DEFAULTS["dram_bandwidth_bytes_per_s"], jnp.float32)
-KERNEL_LAUNCH_OVERHEAD_S = jnp.asarray(DISTIR_DEFAULTS["kernel_launch_overhead_s"], jnp.float32)
-LINK_BANDWIDTH_BYTES_PER_S = jnp.asarray(
-    DISTIR_DEFAULTS["network_bandwidth_gbit_per_s"] * DISTIR_DEFAULTS["bytes_per_gbit"], jnp.float32
+DRAM_BANDWIDTH_BYTES_PER_S = np.asarray(DISTIR_DEFAULTS["dram_bandwidth_bytes_per_s"], np.float32)
+KERNEL_LAUNCH_OVERHEAD_S = np.asarray(DISTIR_DEFAULTS["kernel_launch_overhead_s"], np.float32)
+LINK_BANDWIDTH_BYTES_PER_S = np.asarray(
+    DISTIR_DEFAULTS["network_bandwidth_gbit_per_s"] * DISTIR_DEFAULTS["bytes_per_gbit"], np.float32
 )
-BYTES_PER_ELEMENT = jnp.asarray(
-    [float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in Dtype.labels()], jnp.float32
+BYTES_PER_ELEMENT = np.asarray(
+    [float(DISTIR_DEFAULTS["bytes_per_element"][d]) for d in Dtype.labels()], np.float32
 )
 DEFAULT_DTYPE = DISTIR_DEFAULTS["default_dtype"]
 GRID_MICROBATCHES = tuple(int(k) for k in DISTIR_DEFAULTS["grid_num_microbatches_pipelined"])
@@ -226,7 +228,7 @@ def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) 
     """
     del c
     s = plain_strategy(s)
-    S = BYTES_PER_ELEMENT[s.dtype.astype(jnp.int32)]
+    S = jnp.asarray(BYTES_PER_ELEMENT)[s.dtype.astype(jnp.int32)]
     b, tp, pp, dp, mb = s.micro_batch_size, s.tp, s.pp, s.dp, s.num_microbatches
     n = layers_per_stage(m, s)
     stage = _transformer_stage if m.kind == "transformer" else _mlp_stage
