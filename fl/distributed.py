@@ -112,9 +112,9 @@ def initialize(group: ProcessGroup, timeout_s: int = 300, restart_backend: bool 
     from jax._src import xla_bridge
 
     if restart_backend and xla_bridge.backends_are_initialized():
-        import jax.extend.backend
+        from jax.extend import backend as jax_backend  # not `import jax.…`: `jax` stays global
 
-        jax.extend.backend.clear_backends()
+        jax_backend.clear_backends()
     if xla_bridge.backends_are_initialized():
         raise AisimError(
             "jax.distributed must start before JAX runs anything, and this process has already "
