@@ -458,7 +458,12 @@ _RUN_INTS = ("num_layers", "seq_len", "sites", "gpus_per_site", "batch_size", "m
 _RUN_INTS += ("zero", "fused_attention", "local_steps", "overlap")
 _RUN_FLOATS = ("wan_up_gbps", "wan_down_gbps", "published_compute_utilization_pct")
 _RUN_OPTIONAL = ("vocab_size", "topk_fraction", "server_gbps", "published_sync_s")
-_RUN_OPTIONAL += ("published_round_compute_s", "published_mfu_pct")
+_RUN_OPTIONAL += (
+    "published_round_compute_s",
+    "published_mfu_pct",
+    "wan_rtt_ms",
+    "tcp_window_bytes",
+)
 
 
 def crosssite_runs_path() -> Path:
@@ -474,7 +479,9 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     ``gpus_per_site``, ``batch_size`` sequences per site per inner step, ``micro_batch_size``,
     ``zero``, ``recompute``, ``fused_attention``), the round (``mode``, ``local_steps``,
     ``compression``, optional ``topk_fraction``, ``topology``, ``overlap``), the links
-    (``wan_up_gbps``, ``wan_down_gbps``, optional ``server_gbps``) and the published values
+    (``wan_up_gbps``, ``wan_down_gbps``, optional ``server_gbps``, ``wan_rtt_ms`` the round trip
+    of the ring's longest hop (blank: the preset's latency) and ``tcp_window_bytes`` the bytes a
+    link keeps in flight (blank: no cap)) and the published values
     (``published_compute_utilization_pct``; optional ``published_sync_s``,
     ``published_round_compute_s``, ``published_mfu_pct``).
 
@@ -496,6 +503,10 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
         for col in _RUN_FLOATS:
             if not (math.isfinite(float(r[col])) and float(r[col]) > 0):
                 raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number")
+        for col in ("wan_rtt_ms", "tcp_window_bytes"):
+            v = float(r[col])
+            if not (math.isnan(v) or (math.isfinite(v) and v > 0)):
+                raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number or blank")
         if r["role"] not in ("fit", "heldout"):
             raise bad_value(where, f"row {i + 1}: role", r["role"], "fit or heldout")
     if int((df["role"] == "fit").sum()) != 1:
@@ -515,6 +526,10 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
     hw = load_hardware(row["hardware"])
     eff = float(hw.constants.link_bandwidth_efficiency[collab.WAN])
     gbps = 1e9 / 8.0
+    lat = float(hw.constants.link_latency_s[collab.WAN])
+    if not pd.isna(row["wan_rtt_ms"]):
+        lat = 0.5 * float(row["wan_rtt_ms"]) * 1e-3
+    window = math.inf if pd.isna(row["tcp_window_bytes"]) else float(row["tcp_window_bytes"])
     return collab.CrossSite(
         model=m,
         hardware=(hw,) * int(row["sites"]),
@@ -531,7 +546,7 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
         ),
         up_bytes_per_s=(float(row["wan_up_gbps"]) * gbps,),
         down_bytes_per_s=(float(row["wan_down_gbps"]) * gbps,),
-        latency_s=(float(hw.constants.link_latency_s[collab.WAN]),),
+        latency_s=(lat,),
         mode=row["mode"],
         topology=row["topology"],
         compression=row["compression"],
@@ -539,6 +554,7 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
         wan_efficiency=eff if wan_efficiency is None else float(wan_efficiency),
         topk_fraction=0.01 if pd.isna(row["topk_fraction"]) else float(row["topk_fraction"]),
         server_bytes_per_s=None if pd.isna(row["server_gbps"]) else row["server_gbps"] * gbps,
+        tcp_window_bytes=window,
     )
 
 

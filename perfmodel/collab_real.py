@@ -64,6 +64,8 @@ class CrossSite:
       churn_rate: fraction of sites replaced per round; deadline_s: 0 = wait for every site.
       topk_fraction: entries top-k keeps; server_bytes_per_s: the parameter server's line rate
         (``None``: the fastest site's).
+      tcp_window_bytes: bytes a WAN link keeps in flight (its TCP window); caps a link at
+        ``window / RTT`` (``inf``: no cap).
     """
 
     model: Model
@@ -87,6 +89,7 @@ class CrossSite:
     deadline_s: float = 0.0
     topk_fraction: float = 0.01
     server_bytes_per_s: float | None = None
+    tcp_window_bytes: float = math.inf
 
     @property
     def num_sites(self) -> int:
@@ -113,7 +116,8 @@ def check_round(cs: CrossSite) -> str:
 
     Raises:
       AisimError: naming the field (``mode``, ``topology``, ``compression``, ``fragments``,
-        ``wan_efficiency``, ``churn_rate``, ``deadline_s``, ``topk_fraction``).
+        ``wan_efficiency``, ``churn_rate``, ``deadline_s``, ``topk_fraction``,
+        ``tcp_window_bytes``).
     """
     if cs.mode not in ROUND_MODES:
         modes = ", ".join((*ROUND_MODES, "pipeline"))
@@ -134,6 +138,9 @@ def check_round(cs: CrossSite) -> str:
     for field, v, ok, expected in checks:
         if not (isinstance(v, int | float) and math.isfinite(v) and ok(v)):
             raise bad_value(None, field, v, expected)
+    w = cs.tcp_window_bytes
+    if isinstance(w, bool) or not (isinstance(w, int | float) and w > 0):
+        raise bad_value(None, "tcp_window_bytes", w, "a positive number of bytes (inf: no cap)")
     return comp
 
 
@@ -209,6 +216,7 @@ def make_round(cs: CrossSite, params: float, local_steps: float, bandwidths) -> 
         deadline_s=jnp.asarray(cs.deadline_s, f),
         topk_fraction=jnp.asarray(cs.topk_fraction, f),
         server_bytes_per_s=jnp.asarray(server, f),
+        tcp_window_bytes=jnp.asarray(float(cs.tcp_window_bytes), f),
         mode=cs.mode,
         topology=cs.topology,
         compression=comp,

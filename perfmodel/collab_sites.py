@@ -18,6 +18,10 @@ model in F fragments, one fragment synced every H/F steps while the next steps r
 al. 2025, "Streaming DiLoCo"). The WAN all-reduce is a ring over the sites (``2(n-1)/n · bytes``
 over the slowest link, plus ``2(n-1)`` latencies: Thakur et al. 2005) or a parameter server (every
 site uploads and downloads the payload; the server's own link carries ``n`` payloads each way).
+A link's rate is its line rate, capped by TCP's window: one connection never has more than
+``tcp_window_bytes`` unacknowledged, so it carries at most ``window / RTT`` (RTT = twice the
+one-way latency; Mathis et al. 1997), which is what makes a ring across continents slower than one
+inside a continent at the same line rate.
 ``overlap`` lets the sync of one round run under the next round's inner steps (one-step delayed
 outer update); INTELLECT-1 and OpenDiLoCo ran it blocking. ``churn_rate`` sites of every
 ``1/churn_rate`` rounds are replaced, and a newcomer's state download delays the round;
@@ -86,6 +90,8 @@ class WanRound:
       deadline_s: drop sites whose inner steps of a round exceed this (0: wait for all).
       topk_fraction: entries top-k keeps.
       server_bytes_per_s: the parameter server's line rate (``server`` topology).
+      tcp_window_bytes: bytes a link keeps in flight (its TCP connections' window together);
+        caps the link at ``window / RTT`` (``inf``: no cap, the line rate alone).
     """
 
     params: Float[Array, ""]
@@ -97,6 +103,7 @@ class WanRound:
     deadline_s: Float[Array, ""]
     topk_fraction: Float[Array, ""]
     server_bytes_per_s: Float[Array, ""]
+    tcp_window_bytes: Float[Array, ""]
     mode: str = jax.tree.static(default="diloco")
     topology: str = jax.tree.static(default="ring")
     compression: str = jax.tree.static(default="fp32")
@@ -139,13 +146,29 @@ def sync_payload_bytes(params, r: WanRound) -> Float[Array, ""]:
     return params * PAYLOAD_BYTES[r.compression] * frac
 
 
+def window_capped(line_bytes_per_s, latency_s, window_bytes):
+    """A link's rate: its line rate, or less when TCP's window runs out first.
+
+    A sender may have at most ``window_bytes`` unacknowledged, and an acknowledgement returns one
+    round trip (``2 · latency_s``) later, so the link carries at most ``window / RTT`` bytes per
+    second (the bandwidth-delay product; Mathis et al. 1997, "The macroscopic behavior of the TCP
+    congestion avoidance algorithm"). ``window_bytes`` ``inf`` leaves the line rate.
+    """
+    rtt = 2.0 * latency_s
+    cap = jnp.where(rtt > 0, window_bytes / jnp.where(rtt > 0, rtt, 1.0), jnp.inf)
+    return jnp.minimum(line_bytes_per_s, cap)
+
+
 def wan_sync_s(n_bytes, s: SiteRate, live, r: WanRound):
     """Seconds to average ``n_bytes`` over the live sites, and the bytes each one sends.
 
     Ring: ``2(n-1)·α_max + 2(n-1)/n · bytes / β_min`` with β the slowest live site's
-    ``min(up, down) · wan_efficiency`` (:func:`perfmodel.collectives.all_reduce_s`). Server: the
-    slowest upload (or the server's ingress of ``n`` payloads), then the slowest download (or its
-    egress); a top-k average holds up to ``n·k`` entries, never more than the dense fp32 vector.
+    ``min(up, down)``, capped at ``tcp_window_bytes / (2 α_max)`` (:func:`window_capped`: the
+    ring's longest hop sets every step), times ``wan_efficiency``
+    (:func:`perfmodel.collectives.all_reduce_s`). Server: the slowest upload (or the server's
+    ingress of ``n`` payloads), then the slowest download (or its egress), each site's link capped
+    by its own RTT; a top-k average holds up to ``n·k`` entries, never more than the dense fp32
+    vector.
     """
     n = jnp.sum(live)
     eff = r.wan_efficiency
@@ -154,14 +177,17 @@ def wan_sync_s(n_bytes, s: SiteRate, live, r: WanRound):
         bw = jnp.min(
             jnp.where(live > 0, jnp.minimum(s.up_bytes_per_s, s.down_bytes_per_s), jnp.inf)
         )
+        bw = window_capped(bw, lat, r.tcp_window_bytes)
         t = coll.all_reduce_s(n, n_bytes, lat, bw * eff)
         sent = 2.0 * (n - 1.0) / jnp.maximum(n, 1.0) * n_bytes * live
         return t, sent
     down_bytes = n_bytes
     if r.compression == "topk":
         down_bytes = jnp.minimum(n * n_bytes, r.params * PAYLOAD_BYTES["fp32"])
-    up = jnp.max(jnp.where(live > 0, s.latency_s + n_bytes / (s.up_bytes_per_s * eff), 0.0))
-    down = jnp.max(jnp.where(live > 0, s.latency_s + down_bytes / (s.down_bytes_per_s * eff), 0.0))
+    up_bw = window_capped(s.up_bytes_per_s, s.latency_s, r.tcp_window_bytes)
+    down_bw = window_capped(s.down_bytes_per_s, s.latency_s, r.tcp_window_bytes)
+    up = jnp.max(jnp.where(live > 0, s.latency_s + n_bytes / (up_bw * eff), 0.0))
+    down = jnp.max(jnp.where(live > 0, s.latency_s + down_bytes / (down_bw * eff), 0.0))
     server = r.server_bytes_per_s * eff
     t = jnp.maximum(up, lat + n * n_bytes / server) + jnp.maximum(
         down, lat + n * down_bytes / server

@@ -90,6 +90,27 @@ def test_published_knob_directions_hold_on_intellect1():
     assert sync(few) < sync(cs)
 
 
+def test_a_longer_ring_round_trip_gives_a_longer_all_reduce(validation):
+    # the published ordering of INTELLECT-1's median all-reduce (USA < USA + Europe < Global)
+    # comes from each setting's round trip through the TCP window, not from a fit per setting
+    t = validation.table.set_index("run")
+    runs = ["intellect1-usa", "intellect1-usa-europe", "intellect1-global"]
+    fitted = [t.loc[r, "fitted_sync_s"] for r in runs]
+    assert fitted[0] < fitted[1] < fitted[2]
+    rows = load_crosssite_runs().set_index("run")
+    rtt = [rows.loc[r, "wan_rtt_ms"] for r in runs]
+    # window-bound at every setting: the bulk of the all-reduce scales with the round trip
+    assert fitted[0] / fitted[2] == pytest.approx(rtt[0] / rtt[2], rel=0.05)
+
+
+def test_a_bad_round_trip_is_refused(tmp_path):
+    text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
+    bad = tmp_path / "runs.csv"
+    bad.write_text(text.replace(",33.7,", ",-33.7,"))
+    with pytest.raises(AisimError, match="wan_rtt_ms"):
+        load_crosssite_runs(bad)
+
+
 def test_a_table_without_a_fit_row_is_refused(tmp_path):
     text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
     bad = tmp_path / "runs.csv"

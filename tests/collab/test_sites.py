@@ -52,6 +52,7 @@ def wan(params=1e9, h=100.0, **kw):
         deadline_s=0.0,
         topk_fraction=0.01,
         server_bytes_per_s=GBPS,
+        tcp_window_bytes=math.inf,
     )
     static = {k: kw.pop(k) for k in ("mode", "topology", "compression", "overlap") if k in kw}
     nums.update(kw)
@@ -67,6 +68,27 @@ def test_ring_sync_is_the_hand_formula_and_utilisation_is_compute_over_wall():
     assert float(r.round_s) == pytest.approx(compute + hand, rel=1e-5)
     assert float(r.compute_utilization_pct) == pytest.approx(100 * compute / (compute + hand))
     np.testing.assert_allclose(r.bytes_sent, 2 * 2 / 3 * payload, rtol=1e-6)
+
+
+def test_the_tcp_window_caps_a_long_link_at_window_over_rtt():
+    # 3 sites, 1 Gbit/s lines, 50 ms one way (RTT 0.1 s), 4 MB window: 4e6 / 0.1 = 40 MB/s < 125 MB/s
+    payload = 1e9 * PAYLOAD_BYTES["int8"]
+    r = cross_site_round(sites(3), wan(compression="int8", tcp_window_bytes=4e6))
+    hand = 2 * 2 * 0.05 + 2 * 2 / 3 * payload / 40e6
+    assert float(r.sync_s) == pytest.approx(hand, rel=1e-5)
+    # twice the latency, half the rate: the bulk term doubles (a ring across continents)
+    far = cross_site_round(sites(3, lat=0.1), wan(compression="int8", tcp_window_bytes=4e6))
+    assert float(far.sync_s) == pytest.approx(2 * 2 * 0.1 + 2 * 2 / 3 * payload / 20e6, rel=1e-5)
+    # a window above the bandwidth-delay product (125 MB/s x 0.1 s = 12.5 MB) changes nothing
+    wide = cross_site_round(sites(3), wan(compression="int8", tcp_window_bytes=20e6))
+    free = cross_site_round(sites(3), wan(compression="int8"))
+    assert float(wide.sync_s) == pytest.approx(float(free.sync_s), rel=1e-6)
+    # server: each site's upload and download capped by its own RTT (2 x 0.05 s)
+    srv = cross_site_round(
+        sites(2),
+        wan(compression="int8", topology="server", tcp_window_bytes=4e6, server_bytes_per_s=1e12),
+    )
+    assert float(srv.sync_s) == pytest.approx(2 * (0.05 + payload / 40e6), rel=1e-4)
 
 
 def test_server_sync_is_bounded_by_the_servers_own_link():
