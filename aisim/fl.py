@@ -176,16 +176,30 @@ def run(
 ) -> None:
     """Simulate federated training; one metrics row per round."""
     with guard(FLAGS):
+        from fl.config import PROCESS_FIELDS, load_toml
         from fl.distributed import initialize, is_writer, process_group
 
-        group = process_group(coordinator, num_processes, process_id)
+        values = load_toml(config) if config is not None and resume is None else {}
+        placed = dict(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
+        from_file_process = []
+        for name in PROCESS_FIELDS:  # the command line wins over the experiment file
+            in_file = values.pop(name, None)
+            if placed[name] is None and in_file is not None:
+                placed[name] = in_file
+                from_file_process.append(name)
+        try:
+            group = process_group(**placed)
+        except AisimError as e:
+            if e.source is None and e.field in from_file_process:
+                raise e.relabel(source=str(config)) from None
+            raise
         if group is not None:
             if resume is not None and group.num_processes > 1:
                 raise AisimError("--resume runs in one process; drop --coordinator")
             # Importing the libraries has started JAX's local backend; nothing made so far is
             # used by the run, so the distributed backend replaces it.
             initialize(group, restart_backend=True)
-        from fl import ExperimentConfig, load_config_json, load_toml, simulate, validate
+        from fl import ExperimentConfig, load_config_json, simulate, validate
 
         from_file: dict[str, str] = {}  # config field -> the file its value came from
         if resume is not None:
@@ -195,7 +209,6 @@ def run(
             out_dir: Path | None = Path(resume)
             from_file = dict.fromkeys(cfg.to_dict(), str(Path(resume) / "config.json"))
         else:
-            values = load_toml(config) if config is not None else {}
             for f in dataclasses.fields(ExperimentConfig):
                 src = ctx.get_parameter_source(f.name)
                 if f.name not in values or getattr(src, "name", "") == "COMMANDLINE":

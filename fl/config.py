@@ -4,8 +4,10 @@ Contract: :class:`ExperimentConfig` holds plain Python values; its field names a
 the experiment file's keys (the command line spells them with dashes). :func:`validate` checks
 ranges and names and raises one :class:`~simbase.errors.AisimError` with ``source=None`` (the
 values are arguments), ``field`` the config field, the value and what is expected;
-:func:`load_toml` reads an ``EXPERIMENT.toml`` with the same keys (unknown keys are an error
-naming the file).
+:func:`load_toml` reads an ``EXPERIMENT.toml`` with the same keys, plus the process-group keys
+``coordinator``, ``num_processes`` and ``process_id`` (:data:`PROCESS_FIELDS`: how the run is
+spread over processes, not what it simulates; the caller takes them out before building the
+config). Unknown keys are an error naming the file.
 """
 
 from __future__ import annotations
@@ -85,6 +87,19 @@ class ExperimentConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(ExperimentConfig)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessKeys:
+    """Experiment-file keys that place the run on processes (:func:`fl.distributed.process_group`
+    checks them); they say how the run is spread, not what it simulates."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+PROCESS_FIELDS = {f.name: f for f in dataclasses.fields(ProcessKeys)}
 
 
 def validate(cfg: ExperimentConfig, where: str | None = None) -> None:
@@ -334,7 +349,8 @@ def _coerce(path: str, key: str, value, field: dataclasses.Field):
 
 
 def load_toml(path: str | Path) -> dict:
-    """Reads an experiment file; returns ``{field: value}`` for the keys it sets."""
+    """Reads an experiment file; returns ``{field: value}`` for the keys it sets (config fields
+    and :data:`PROCESS_FIELDS`)."""
     path = Path(path)
     text = read_text(path, "experiment file")
     try:
@@ -346,9 +362,9 @@ def load_toml(path: str | Path) -> dict:
     out = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
-        if name not in FIELDS:
-            raise AisimError(
-                f"{path}: unknown key {key!r}" + suggest(key, [f.replace("_", "-") for f in FIELDS])
-            )
-        out[name] = _coerce(str(path), key, value, FIELDS[name])
+        field = FIELDS.get(name) or PROCESS_FIELDS.get(name)
+        if field is None:
+            known = [f.replace("_", "-") for f in [*FIELDS, *PROCESS_FIELDS]]
+            raise AisimError(f"{path}: unknown key {key!r}" + suggest(key, known))
+        out[name] = _coerce(str(path), key, value, field)
     return out

@@ -80,7 +80,13 @@ def _cli(args, env_extra, out):
 def test_two_processes_give_the_metrics_of_one(tmp_path):
     port = _free_port()
     group = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    procs = [_cli([*group, "--process-id", str(i)], {}, tmp_path / f"p{i}") for i in range(2)]
+    # process 1 reads its group from the experiment file, as a cluster launcher would write it
+    exp = tmp_path / "exp.toml"
+    exp.write_text(f'coordinator = "127.0.0.1:{port}"\nnum-processes = 2\nprocess_id = 1\n')
+    procs = [
+        _cli([*group, "--process-id", "0"], {}, tmp_path / "p0"),
+        _cli(["--config", str(exp)], {}, tmp_path / "p1"),
+    ]
     one = _cli([], {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, tmp_path / "one")
     outs = [p.communicate(timeout=300) for p in (*procs, one)]
     for p, (_, err) in zip((*procs, one), outs, strict=True):
@@ -118,3 +124,29 @@ def test_cli_bad_process_flags_are_one_line_exit_2(args, needle, monkeypatch):
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "toml, args, needle",
+    [
+        ('coordinator = "h:1"\nnum_processes = 2\nprocess_id = 2\n', [], "'process_id' = 2"),
+        ('coordinator = "h:1"\nnum_processes = "two"\n', [], "'num_processes' = 'two'"),
+        # a flag wins over the file, and its error names the flag
+        ('coordinator = "h:1"\nnum_processes = 2\nprocess_id = 0\n', ["--process-id", "5"],
+         "'--process-id' = 5"),
+    ],
+)  # fmt: skip
+def test_process_group_in_the_experiment_file(toml, args, needle, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from aisim.app import app
+
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    exp = tmp_path / "exp.toml"
+    exp.write_text(toml)
+    res = CliRunner().invoke(app, ["fl", "run", "--rounds", "1", "--config", str(exp), *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert ("exp.toml" in lines[0]) == (not args)  # the file is named when the value is its own
