@@ -12,18 +12,27 @@ clients trained / timed seconds, and the test accuracy is that of the final mode
 
 FedJAX (``pip install fedjax dm-haiku tabulate jmp --no-deps``; not a dependency of aisim) is
 written for older JAX: :func:`fedjax_shim` puts back the ``jax.tree_*`` aliases that JAX 0.6
-removed, here, not in aisim. Flower's simulation needs Ray; see the benchmark's output for
-whether it ran.
+removed, here, not in aisim. Flower (``flwr[simulation]``, with Ray) pins ``typer``, ``rich``
+and ``protobuf`` at other versions than aisim's, so it runs in its own interpreter:
+``--flower-python PATH`` (or ``AISIM_FLOWER_PYTHON``) runs ``fl_peers_flower.py`` there on the
+same clients, written to a temporary .npz, and timed the same way, for as many rounds as the
+others unless ``--flower-rounds`` says fewer (its row says how many, and its accuracy is that
+after its own rounds).
 
-Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick]`` (``AISIM_QUICK=1`` = ``--quick``)
+Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick] [--flower-python PATH]
+[--flower-rounds N]`` (``AISIM_QUICK=1`` = ``--quick``)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -54,6 +63,11 @@ TASKS = {  # name: (config, rounds, quick rounds)
     "digits MLP 64-200-200-10, Dirichlet(0.5), 100 of 100 clients": (DIGITS, 300, 30),
     "synthetic(1,1) logreg, 1,000 of 1,000 clients": (SYNTHETIC, 10, 3),
 }
+FLOWER_SCRIPT = Path(__file__).with_name("fl_peers_flower.py")
+FLOWER_HOWTO = (
+    'python3 -m venv /work/flwr-venv && /work/flwr-venv/bin/pip install "flwr[simulation]" '
+    "jax numpy scikit-learn, then --flower-python /work/flwr-venv/bin/python"
+)
 
 
 def fedjax_shim() -> None:
@@ -71,6 +85,7 @@ class Result:
     updates_per_s: float
     accuracy: float
     timed_s: float
+    rounds: int = 0
 
 
 def run_aisim(cfg: ExperimentConfig, rounds: int) -> Result:
@@ -86,7 +101,7 @@ def run_aisim(cfg: ExperimentConfig, rounds: int) -> Result:
     jax.block_until_ready(state)
     dt = time.perf_counter() - t0
     _, acc = b.evaluate(state.params, *b.eval_sets[1])
-    return Result("aisim", int(kept) / dt, float(acc), dt)
+    return Result("aisim", int(kept) / dt, float(acc), dt, rounds)
 
 
 def run_fedjax(cfg: ExperimentConfig, rounds: int) -> Result:
@@ -143,29 +158,87 @@ def run_fedjax(cfg: ExperimentConfig, rounds: int) -> Result:
     dt = time.perf_counter() - t0
     test = fedjax.ClientDataset({"x": ds.x_test, "y": ds.y_test})
     acc = fedjax.evaluate_model(model, state.params, test.padded_batch(batch_size=512))
-    return Result("fedjax", len(ids) * (rounds - 1) / dt, float(acc["accuracy"]), dt)
+    return Result("fedjax", len(ids) * (rounds - 1) / dt, float(acc["accuracy"]), dt, rounds)
 
 
-def flower_available() -> str | None:
-    """Why Flower's simulation cannot run here, or ``None`` when it can."""
+def write_partition(cfg: ExperimentConfig, path: Path) -> None:
+    """The task's clients, test set and hyper-parameters as an .npz that Flower's side reads."""
+    b = build(cfg)
+    ds, pop = b.data, b.data.population
+    rows = [pop.client_rows(k) for k in range(pop.num_clients)]
+    np.savez(
+        path,
+        x_train=np.asarray(ds.x_train, np.float32),
+        y_train=np.asarray(ds.y_train, np.int32),
+        rows=np.concatenate(rows).astype(np.int64),
+        offsets=np.cumsum([0] + [len(r) for r in rows]).astype(np.int64),
+        x_test=np.asarray(ds.x_test, np.float32),
+        y_test=np.asarray(ds.y_test, np.int32),
+        hidden=np.array([200, 200] if b.model.name in ("mlp", "2nn") else [], np.int64),
+        num_classes=ds.num_classes,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        local_epochs=cfg.local_epochs,
+        seed=cfg.seed,
+    )
+
+
+def flower_version(python: str) -> str:
+    """``flwr X.Y.Z`` from ``python``, or why it cannot run Flower's side."""
+    probe = "import flwr, jax, sklearn, ray; print(flwr.__version__)"
     try:
-        import flwr  # noqa: F401
-        import ray  # noqa: F401
-    except ImportError as e:
-        return f"not installed ({e.name})"
-    return None
+        r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        return e.strerror or "cannot be run"
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or [f"exit {r.returncode}"]
+        return lines[-1]
+    return f"flwr {r.stdout.strip()}"
+
+
+def run_flower(cfg: ExperimentConfig, rounds: int, python: str) -> Result | None:
+    """Flower's simulation (``fl_peers_flower.py`` in ``python``) on the same clients."""
+    with tempfile.TemporaryDirectory(prefix="fl_peers_flower_") as tmp:
+        part, out = Path(tmp) / "partition.npz", Path(tmp) / "result.json"
+        write_partition(cfg, part)
+        cmd = [python, str(FLOWER_SCRIPT), str(part), str(out), "--rounds", str(rounds)]
+        env = dict(os.environ, PYTHONPATH="")  # nothing of aisim's environment in Flower's
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0 or not out.is_file():
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or ["no output"]
+            print(f"flower: failed (exit {r.returncode}): {lines[-1]}")
+            return None
+        res = json.loads(out.read_text())
+    return Result("flower", res["updates_per_s"], res["accuracy"], res["timed_s"], rounds)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every task")
     ap.add_argument("--quick", action="store_true", help="fewer rounds (30 and 3)")
+    ap.add_argument(
+        "--flower-python",
+        default=os.environ.get("AISIM_FLOWER_PYTHON"),
+        help="a Python with flwr[simulation], jax and scikit-learn (env AISIM_FLOWER_PYTHON)",
+    )
+    ap.add_argument(
+        "--flower-rounds", type=int, default=None, help="Flower's rounds (>= 2; default: --rounds)"
+    )
     args = ap.parse_args()
     args.quick = args.quick or os.environ.get("AISIM_QUICK") == "1"  # the docs' smoke test
+    if args.flower_rounds is not None and args.flower_rounds < 2:
+        ap.error(f"--flower-rounds = {args.flower_rounds}: expected at least 2 (one untimed)")
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}; E=1, B=10")
-    why = flower_available()
-    if why is not None:
-        print(f"flower: {why}")
+    flower = args.flower_python
+    if not flower:
+        print(f"flower: not run; to run it: {FLOWER_HOWTO}")
+    else:
+        why = flower_version(flower)
+        if why.startswith("flwr "):
+            print(f"flower: {why} in {flower}, on Ray with one actor per core")
+        else:
+            print(f"flower: not run, --flower-python {flower}: {why}; {FLOWER_HOWTO}")
+            flower = None
     head = f"{'task':<62} {'rounds':>6} {'simulator':<9} {'updates/s':>10} {'accuracy':>8} {'aisim is':>8}"
     print(head)
     for name, (cfg, rounds, quick_rounds) in TASKS.items():
@@ -177,10 +250,14 @@ def main() -> None:
             print(
                 f"fedjax: not installed ({e.name}); pip install fedjax dm-haiku tabulate jmp --no-deps"
             )
+        if flower:
+            res = run_flower(cfg, args.flower_rounds or rounds, flower)
+            if res is not None:
+                results.append(res)
         base = results[0].updates_per_s
         for r in results:
             print(
-                f"{name:<62} {rounds:>6} {r.name:<9} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
+                f"{name:<62} {r.rounds:>6} {r.name:<9} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
                 f"{base / r.updates_per_s:>7.2f}x",
                 flush=True,
             )
