@@ -65,8 +65,8 @@ TASKS = {  # name: (config, rounds, quick rounds)
 }
 FLOWER_SCRIPT = Path(__file__).with_name("fl_peers_flower.py")
 FLOWER_HOWTO = (
-    'python3 -m venv /work/flwr-venv && /work/flwr-venv/bin/pip install "flwr[simulation]" '
-    "jax numpy scikit-learn, then --flower-python /work/flwr-venv/bin/python"
+    'python3 -m venv ../flwr-venv && ../flwr-venv/bin/pip install "flwr[simulation]" jax '
+    "numpy scikit-learn (outside the repository), then --flower-python ../flwr-venv/bin/python"
 )
 
 
