@@ -202,6 +202,13 @@ WanEffOpt = Annotated[
         "or the profile's; `collab validate` fits one)."
     ),
 ]
+TcpWindowOpt = Annotated[
+    str | None,
+    _opt(
+        help="--model: bytes a WAN link keeps in flight (its TCP window), e.g. 6MiB; caps each "
+        "link at window / round trip (default: no cap)."
+    ),
+]
 ServerBwOpt = Annotated[
     str | None,
     _opt(help="--model, server topology: the server's line rate (default: the fastest site's)."),
@@ -225,6 +232,7 @@ REAL_FLAGS = (
         up_bandwidth="--wan-up",
         down_bandwidth="--wan-down",
         latency="--wan-latency-ms",
+        tcp_window_bytes="--tcp-window",
         model_file="--model",
     )
     | KNOB_FLAGS
@@ -410,6 +418,7 @@ def sweep(
     deadline: DeadlineOpt = None,
     wan_efficiency: WanEffOpt = None,
     server_bandwidth: ServerBwOpt = None,
+    tcp_window: TcpWindowOpt = None,
     tokens: TokensOpt = None,
     rounds: Annotated[float, _opt(help="Rounds of the task (total = rounds x round time).")] = 1.0,
     profile: Profile = None,

@@ -106,6 +106,14 @@ def build_cross_site(o: dict):
             None, "serde_format", fmt, "none or one of " + ", ".join(SERDE_DEFAULT_BYTES_PER_S)
         )
     server = o["server_bandwidth"]
+    window = math.inf
+    if o["tcp_window"] is not None:
+        try:
+            window = units.parse_bytes(o["tcp_window"])
+        except ValueError:
+            window = -1.0
+        if not (math.isfinite(window) and window > 0):
+            raise bad_value(None, "tcp_window_bytes", o["tcp_window"], "a size like 6MiB or 4MB")
     knobs = estimate_knobs(
         **{
             k: o[k]
@@ -157,6 +165,7 @@ def build_cross_site(o: dict):
         deadline_s=0.0 if o["deadline"] is None else o["deadline"],
         topk_fraction=o["topk_fraction"],
         server_bytes_per_s=None if server is None else parse_rates(server, "server_bandwidth")[0],
+        tcp_window_bytes=window,
     )
     steps = parse_counts(o["local_steps"] or "100", "local_steps")
     tokens = None
@@ -204,6 +213,9 @@ def sweep_real(o: dict) -> None:
                     "devices": cs.per_site("devices"),
                     "batch_size": cs.per_site("batch_size"),
                     "wan_efficiency": cs.wan_efficiency,
+                    "tcp_window_bytes": None
+                    if math.isinf(cs.tcp_window_bytes)
+                    else cs.tcp_window_bytes,
                     "knobs": cs.knobs,
                     "profile": None if o["profile"] is None else str(o["profile"]),
                 },

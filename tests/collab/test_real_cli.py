@@ -127,6 +127,8 @@ def test_the_h_by_bandwidth_table_csv_and_figure(tmp_path):
         (["--devices", "6", "--tp", "4"], "--tp"),
         (["--compression", "int4"], "--compression"),
         (["--churn", "1.5"], "--churn"),
+        (["--tcp-window", "0MiB"], "--tcp-window"),
+        (["--tcp-window", "lots"], "--tcp-window"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(args, flag):
@@ -134,6 +136,20 @@ def test_bad_input_is_one_line_naming_the_flag(args, flag):
     assert r.exit_code != 0
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and flag in lines[0], r.output
+
+
+def test_the_tcp_window_caps_the_link_at_window_over_round_trip():
+    args = ["collab", "sweep", "--model", "gpt3-125m", "--clients", "3", "--devices", "8"]
+    args += ["--local-steps", "10", "--compression", "bf16", "--wan-bandwidth", "10Gbps"]
+    args += ["--wan-latency-ms", "50", "--wan-efficiency", "1"]
+    free = _json(*args)["rows"][0]
+    capped_doc = _json(*args, "--tcp-window", "4MB")
+    capped = capped_doc["rows"][0]
+    assert capped_doc["setting"]["tcp_window_bytes"] == 4e6
+    # ring of 3: 2(n-1) = 4 latencies, then 2(n-1)/n of the payload at 4e6 B / 0.1 s = 40 MB/s
+    payload = free["payload_bytes"]
+    assert capped["sync_s"] == pytest.approx(4 * 0.05 + 4 / 3 * payload / 40e6, rel=1e-4)
+    assert free["sync_s"] == pytest.approx(4 * 0.05 + 4 / 3 * payload / 1.25e9, rel=1e-4)
 
 
 def test_pipeline_across_sites_sends_activations_over_the_wan():
