@@ -29,7 +29,7 @@ from jaxtyping import Array, Float, Int
 from fl import local_update as lu
 from fl.aggregation import all_finite
 from fl.cohort import train_chunk
-from fl.round import Hyper, RoundInputs, RoundSpec, ServerState
+from fl.round import Hyper, RoundInputs, RoundMetrics, RoundSpec, ServerState
 from fl.server import server_update
 from fl.systems import client_time_s
 from fl.traces import SECONDS_PER_HOUR, available_now
@@ -76,17 +76,10 @@ class AsyncState:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class AsyncMetrics:
-    """What one server update did (the names of :class:`fl.round.RoundMetrics`, plus staleness)."""
+class AsyncMetrics(RoundMetrics):
+    """What one server update did: :class:`fl.round.RoundMetrics`, plus the staleness of the
+    updates it applied and which clients they came from."""
 
-    clients_sampled: Int[Array, ""]
-    clients_kept: Int[Array, ""]
-    round_time_s: Float[Array, ""]
-    bytes_up: Float[Array, ""]
-    bytes_down: Float[Array, ""]
-    local_loss: Float[Array, ""]
-    finite: Array
-    clip_norm: Float[Array, ""]
     staleness_mean: Float[Array, ""]
     staleness_max: Int[Array, ""]
     arrived_ids: Int[Array, " buffer"]
