@@ -210,7 +210,7 @@ def cross_site_round(s: SiteRate, r: WanRound) -> CrossSiteRound:
     the sync behind the next round's inner steps, exposing only ``max(0, sync + serde −
     compute_max)``. Streaming DiLoCo syncs ``F`` fragments of ``payload/F`` bytes, each under the
     ``H/F`` inner steps that follow it (``overlap`` off: none hidden). A churned-in site downloads
-    ``state_bytes`` at its line rate before joining; the expected delay per round is
+    ``state_bytes`` at its (window-capped) line rate before joining; the expected delay per round is
     ``min(1, churn_rate · n) · (α + state/β)``.
 
     Args:
@@ -244,7 +244,9 @@ def cross_site_round(s: SiteRate, r: WanRound) -> CrossSiteRound:
     else:
         comm, ser, sync_total = sync, serde, sync
     n = jnp.sum(live)
-    slowest_down = jnp.min(jnp.where(live > 0, s.down_bytes_per_s, jnp.inf)) * r.wan_efficiency
+    # the newcomer's download is one more TCP transfer: capped by the window at its round trip
+    down_bw = window_capped(s.down_bytes_per_s, s.latency_s, r.tcp_window_bytes)
+    slowest_down = jnp.min(jnp.where(live > 0, down_bw, jnp.inf)) * r.wan_efficiency
     churn = jnp.minimum(1.0, r.churn_rate * n) * (
         jnp.max(s.latency_s) + r.state_bytes / slowest_down
     )

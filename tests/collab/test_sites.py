@@ -89,6 +89,9 @@ def test_the_tcp_window_caps_a_long_link_at_window_over_rtt():
         wan(compression="int8", topology="server", tcp_window_bytes=4e6, server_bytes_per_s=1e12),
     )
     assert float(srv.sync_s) == pytest.approx(2 * (0.05 + payload / 40e6), rel=1e-4)
+    # a newcomer's state download (8 GB) is capped the same way
+    churn = cross_site_round(sites(3), wan(churn_rate=0.1, tcp_window_bytes=4e6))
+    assert float(churn.churn_s) == pytest.approx(0.3 * (0.05 + 8e9 / 40e6), rel=1e-5)
 
 
 def test_server_sync_is_bounded_by_the_servers_own_link():
