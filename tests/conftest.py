@@ -1,10 +1,12 @@
 """Test-wide JAX settings.
 
 - Implicit rank promotion is an error, as in equinox's tests.
-- No persistent XLA compilation cache, in this process or in the commands the tests start
-  (``AISIM_XLA_CACHE=off``): serialising the multi-device grid executables to the cache aborted
-  the whole process (``executable.serialize()`` in JAX's ``put_executable_and_time``). The cache's
-  own behaviour is tested in ``tests/test_compilation_cache.py`` with a folder of its own.
+- No persistent XLA compilation cache in this process: it holds every program the session
+  compiles, and serialising them all to disk added to the memory mappings below. The commands
+  the tests start (``aisim`` in a fresh process, as users run it, with the cache on by default)
+  share one cache folder for the session (``AISIM_XLA_CACHE``), so a program that a hundred doc
+  commands compile is compiled once; it is removed when the session ends. The cache's own
+  behaviour is tested in ``tests/test_compilation_cache.py`` with a folder of its own.
 - JAX's in-memory caches are emptied between test modules once the process holds more than
   :data:`MAX_MAPPINGS` memory mappings. Each compiled XLA:CPU executable keeps a few mappings
   until it is freed; a whole session of step-model compiles passed Linux's default
@@ -12,10 +14,15 @@
   after every module instead would recompile the step model in each one (minutes of CI).
 """
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
-os.environ["AISIM_XLA_CACHE"] = "off"
+_CACHE = tempfile.mkdtemp(prefix="aisim-test-xla-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ["AISIM_XLA_CACHE"] = _CACHE
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
