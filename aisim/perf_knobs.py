@@ -107,6 +107,38 @@ ReshardOpt = Annotated[
         "backward).",
     ),
 ]
+FsdpStepGatherOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fsdp-step-gather/--no-fsdp-step-gather",
+        help="ZeRO-3/FSDP: keep parameters gathered and gradients unreduced across the step's "
+        "microbatches (one all-gather and reduce-scatter per step; PyTorch pipelining).",
+    ),
+]
+RecomputeModulesOpt = Annotated[
+    str,
+    typer.Option(
+        "--recompute-modules",
+        help="With --recompute selective: submodules also recomputed, comma-separated "
+        "(Megatron-Core's layernorm, moe_act, mlp, mla_up_proj; or torchtitan's per_op).",
+    ),
+]
+ParamRemaindersOpt = Annotated[
+    bool,
+    typer.Option(
+        "--param-remainders/--no-param-remainders",
+        help="bf16: the optimizer keeps 16-bit remainders of the weights instead of fp32 master "
+        "weights (2 bytes per parameter less; Apex/NeMo distributed Adam).",
+    ),
+]
+LogitBytesOpt = Annotated[
+    float,
+    typer.Option(
+        "--logit-bytes",
+        help="Bytes per logit the loss holds at its peak: 4 for a fused fp32 softmax "
+        "cross-entropy (Megatron), 12 for an unfused one (torchtitan).",
+    ),
+]
 
 
 def grad_reduce_fp32(word: str) -> bool | None:
@@ -131,6 +163,10 @@ def estimate_knobs(
     moe_overlap: bool = False,
     cp_comm: str = "p2p",
     reshard_after_forward: bool = True,
+    fsdp_step_gather: bool = False,
+    recompute_modules: str = "",
+    param_remainders: bool = False,
+    logit_bytes: float = 4.0,
 ) -> dict[str, Any]:
     """One value of each option as :func:`perfmodel.estimate`'s knobs (validated there)."""
     return dict(
@@ -146,6 +182,10 @@ def estimate_knobs(
         moe_overlap=moe_overlap,
         cp_comm=cp_comm,
         fsdp_reshard=reshard_after_forward,
+        fsdp_step_gather=fsdp_step_gather,
+        recompute_modules=recompute_modules,
+        param_remainders=param_remainders,
+        logit_bytes=logit_bytes,
     )
 
 

@@ -24,19 +24,30 @@ Strategy assumptions where a row is blank (each a documented default of the fram
 
 - micro-batch 1 for Megatron-Core/NeMo/Megatron-Bridge (their perf configs; Megatron-LM's
   weak-scaling runs use 1); torchtitan without pipelining runs the whole local batch as one
-  micro-batch (no gradient accumulation), and with pipelining micro-batches of 1;
+  micro-batch (no gradient accumulation), and with pipelining splits it into pp microbatches
+  (its default ``pipeline_parallel_microbatches``: the pipeline degree);
 - ``zero_stage`` blank: 1 for the Megatron family (the distributed optimizer of every NVIDIA
   perf recipe), as published otherwise (torchtitan: 3);
-- ``recompute`` blank: none; torchtitan "selective" is per-op SAC (``selective``);
+- ``recompute`` blank: none; torchtitan "selective" is per-op SAC (``selective`` with the
+  ``per_op`` recompute module: every other matmul's output kept);
 - ``sequence_parallel`` whenever tp > 1 (Megatron-Core/NeMo require it with TP comm overlap;
   torchtitan's TP plan shards norms as sequence parallel); ``fused_attention`` always
   (TE/cuDNN/FlashAttention in every stack); ``dp_overlap`` always;
 - ``tp_overlap``: on for the Megatron family on H100/B200 (NeMo's yaml ``tp_comm_overlap``,
   Megatron-LM's README, Megatron-Bridge's H100 recipes) and for torchtitan rows whose notes say
   "Async TP"/"AsyncTP";
+- gradients reduced in bf16 for NeMo launcher and Megatron-Bridge rows (their recipes'
+  ``grad_sync_dtype: bf16`` and ``grad_reduce_in_fp32 = False``), in fp32 otherwise
+  (Megatron-Core's default); rows whose notes name Apex ``distributed_fused_adam`` keep the
+  master weights of bf16 runs as 16-bit remainders (``param_remainders``); rows whose notes
+  quote a recipe's ``recompute_modules [...]`` recompute those submodules
+  (``recompute_modules``, with ``recompute`` selective);
 - MoE: the EP all-to-all overlaps compute for Megatron-Bridge rows and rows whose notes say
   "1f1b overlap"; tokens are dispatched with DeepEP (``flex``) for DeepSeek-V3 and rows whose
   notes name DeepEP, with the plain all-to-all otherwise;
+- torchtitan: its loss holds 12 bytes per logit (an unfused fp32 cross-entropy:
+  ``logit_bytes``), and with pipelining FSDP keeps each stage's parameters gathered and its
+  gradients unreduced across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``);
 - torchtitan "Interleaved 1F1B" with unpublished virtual stages: 2 chunks per rank (its default
   for the interleaved schedule when the stage count is not set).
 """
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +246,9 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
     local = gbs // dp
     mbs = _cell(row, "micro_batch_size")
     if mbs is None:
-        mbs = 1 if (megatron or pp > 1) else local
+        # torchtitan splits the local batch into as many microbatches as pipeline stages
+        # unless told otherwise (pipelining_utils: pipeline_parallel_microbatches or pp)
+        mbs = 1 if megatron else max(local // pp, 1)
     mbs = int(mbs)
     interleave = _int(row, "interleave", 1)
     if not megatron and "Interleaved 1F1B" in notes and interleave == 1:
@@ -248,6 +262,7 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         # "FSDP degree" is dp, the parameters are sharded over dp·cp)
         shard = 0
     dtype = str(_cell(row, "dtype") or "bf16")
+    recompute = str(_cell(row, "recompute") or "none")
     tp_overlap = megatron or "async tp" in notes.lower() or "asynctp" in notes.lower()
     return make_strategy(
         dp=dp,
@@ -262,7 +277,7 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         schedule="interleaved" if interleave > 1 else "1f1b",
         zero_stage=zero,
         shard_size=shard,
-        recompute=str(_cell(row, "recompute") or "none"),
+        recompute=recompute,
         recompute_layers=_int(row, "recompute_layers", 0),
         sequence_parallel=tp > 1,
         dtype=dtype,
@@ -281,9 +296,37 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         if str(_cell(row, "model")) == "deepseek-v3" or "deepep" in notes.lower()
         else "alltoall",
         # the NeMo launcher's Apex distributed_fused_adam reduces gradients in bf16
-        # (``grad_sync_dtype: bf16``); Megatron-Core's DDP default is fp32
-        grad_reduce_fp32=None if fw != "nemo" else dtype == "fp32",
+        # (``grad_sync_dtype: bf16``), and every Megatron-Bridge performance recipe sets
+        # ``grad_reduce_in_fp32 = False`` (scripts/performance/configs/*/*_llm_pretrain.py,
+        # 25.11 and 26.04); Megatron-Core's DDP default is fp32
+        grad_reduce_fp32=None if fw not in ("nemo", "megatron-bridge") else dtype == "fp32",
+        # NeMo's Apex DistributedFusedAdam stores fp32 master weights as 16-bit remainders of
+        # bf16 weights (MegatronBaseModel.setup_optimization: store_param_remainders when the
+        # optimizer state is fp32 and the weights bf16, unless fp8_params)
+        param_remainders="distributed_fused_adam" in notes.lower() and dtype == "bf16",
+        # Megatron-Core's fine-grained selective recomputation, as the row's recipe names it;
+        # torchtitan's "selective" is per-op SAC (``selective_ac_option = "op"`` in its
+        # llama3 train configs)
+        recompute_modules=_recompute_modules(notes)
+        or ("per_op" if fw == "torchtitan" and recompute == "selective" else ""),
+        # torchtitan's loss is an unfused fp32 cross-entropy (train.py ``loss_fn``:
+        # ``cross_entropy(pred.flatten(0, 1).float(), ...)``): 12 bytes per logit at its peak
+        logit_bytes=12.0 if fw == "torchtitan" else 4.0,
+        # torchtitan with PP: FSDP2 does not reshard after forward (``apply_fsdp``:
+        # reshard_after_forward = False when pp_enabled) and the pipelining schedule holds
+        # parameters and gradients unsharded until the last microbatch's backward
+        fsdp_reshard=not (fw == "torchtitan" and pp > 1 and zero == 3),
+        fsdp_step_gather=fw == "torchtitan" and pp > 1 and zero == 3,
     )
+
+
+_MODULES = re.compile(r"recompute_modules \[([a-z_, ]*)\]")
+
+
+def _recompute_modules(notes: str) -> str:
+    """The ``recompute_modules [a, b]`` a row's notes quote from its recipe (``""``: none)."""
+    found = _MODULES.search(notes)
+    return found.group(1) if found else ""
 
 
 # the research note's "Grand Teton" rows (torchtitan S6/S7): H100 with 96 GB HBM2e at 2.4 TB/s

@@ -5,7 +5,8 @@ Run: ``python docs/make_modern_validation.py [--holdout]``. For every row of
 shipped hardware preset (uncalibrated), the error, whether the model calls the run feasible,
 and the leave-one-out error of the row's stack profile (``perfmodel/profiles/stacks``, fitted by
 :func:`calibration.modern.fit_stack_profile`); then mean absolute errors by stack and group, the
-FP8-over-BF16 speed-ups and the context-parallel throughput ratios. ``--holdout`` also evaluates
+FP8-over-BF16 speed-ups, the context-parallel throughput ratios and the predicted peak memory
+against the published one. ``--holdout`` also evaluates
 ``modern_runs_holdout.csv`` (never fitted to). MFU is always against the BF16 peak.
 """
 
@@ -56,6 +57,24 @@ def _md(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _memory_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per stack and hardware: rows with a published peak, the mean absolute and signed error
+    of the predicted memory, and how many are within 20% (issue 15's target)."""
+    m = df[np.isfinite(df.measured_memory_gib)].copy()
+    m["mem_err_pct"] = 100.0 * (m.memory_gib / m.measured_memory_gib - 1.0)
+    return (
+        m.assign(abs_mem=m.mem_err_pct.abs())
+        .groupby(["stack", "hardware"])
+        .agg(
+            rows=("label", "size"),
+            mem_mae_pct=("abs_mem", "mean"),
+            mem_bias_pct=("mem_err_pct", "mean"),
+            within_20_pct=("abs_mem", lambda s: int((s <= 20.0).sum())),
+        )
+        .reset_index()
+    )
+
+
 def main(holdout: bool = False) -> None:
     runs, skipped = load_modern_runs(MAIN_CSV)
     df = evaluate_runs(runs)
@@ -97,6 +116,8 @@ def main(holdout: bool = False) -> None:
         .reset_index()
     )
     print(_md(summ))
+    print("\n### Peak memory where it is published (predicted with the preset's reserve)\n")
+    print(_md(_memory_summary(df)))
     pred = df.predicted_s.to_numpy()
     print("\n### FP8-over-BF16 speed-up (BF16 step time / FP8 step time), uncalibrated\n")
     print(_md(fp8_ratios(runs, pred)))

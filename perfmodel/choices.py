@@ -117,3 +117,54 @@ _LABELS = {
 
 # Recompute accepts yes/no spellings (a boolean ``grad_checkpoint`` column means full).
 RECOMPUTE_ALIASES = {"true": "full", "false": "none", "yes": "full", "no": "none"}
+
+
+class RecomputeModule(enum.IntFlag):
+    """Submodules whose outputs selective recomputation discards and recomputes, beyond the
+    attention core (Megatron-Core's ``--recompute-modules``, ``TransformerConfig.recompute_
+    modules``; a strategy stores their sum, 0 = none). ``layernorm``: the input and pre-MLP
+    norms; ``moe_act``: the routed experts' activation function; ``mlp``: the dense MLP
+    (not an MoE layer's); ``mla_up_proj``: multi-head latent attention's up-projections.
+    ``per_op`` is torchtitan's per-op selective checkpointing instead (``selective_ac_option =
+    "op"``: the outputs of every other matmul and of the attention kernel are kept, the rest
+    recomputed), a policy of its own that takes no other flag."""
+
+    LAYERNORM = 1
+    MOE_ACT = 2
+    MLP = 4
+    MLA_UP_PROJ = 8
+    PER_OP = 16
+
+    @classmethod
+    def parse(cls, value: object, field: str, where: str | None = None) -> int:
+        """The code of a list of module names (a sequence or a comma/space-separated string;
+        ``core_attn``, which ``recompute="selective"`` already means, adds nothing) or a code.
+
+        Raises:
+          AisimError: naming ``field``, the bad value and the module names.
+        """
+        names = {m.name.lower(): int(m) for m in cls}
+        code = -1
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if float(value).is_integer() and 0 <= int(value) < 2 * max(names.values()):
+                code = int(value)
+        elif isinstance(value, str | list | tuple):
+            items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+            code = 0
+            for item in items:
+                key = str(item).strip().lower()
+                if key == "core_attn":
+                    continue
+                if key not in names:
+                    code = -1
+                    break
+                code |= names[key]
+        if code >= 0 and (not code & cls.PER_OP or code == cls.PER_OP):
+            return code
+        expected = "module names among core_attn, " + ", ".join(names) + " (per_op alone)"
+        raise bad_value(where, field, value, expected)
+
+    @classmethod
+    def label_of(cls, code: float) -> str:
+        """The comma-separated names of a code (``""`` for 0), as reports print them."""
+        return ",".join(m.name.lower() for m in cls if int(code) & int(m))

@@ -204,7 +204,8 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
     accumulated gradient once, behind the last backward pass. Gradients move in fp32 when
     ``grad_reduce_fp32`` (:func:`perfmodel.memory.grad_bytes_per_param`). With ``dp_overlap``
     (FSDP's prefetch, Megatron's overlapped reduce) a fraction of the hideable traffic hides
-    behind the compute.
+    behind the compute. With ``fsdp_step_gather`` (PyTorch pipelining's no-sync for FSDP2
+    stages) ZeRO-3 gathers once and reduce-scatters once per step, behind one microbatch.
     """
     mb = s.num_microbatches
     dense, experts = stage_params_split(m, s)
@@ -214,7 +215,9 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
     g_b = grad_bytes_per_param(s)
     partitioned = s.zero_stage >= ZeroStage.OPTIMIZER
     zero3 = s.zero_stage == ZeroStage.PARAMETERS
-    per_mb = jnp.where(s.zero_stage >= ZeroStage.GRADIENTS, mb, 1.0)
+    # FSDP's step gather: one all-gather and one reduce-scatter per step, not per microbatch
+    step_gather = zero3 & (s.fsdp_step_gather > 0)
+    per_mb = jnp.where(s.zero_stage >= ZeroStage.GRADIENTS, jnp.where(step_gather, 1.0, mb), 1.0)
     gathers = jnp.where(s.fsdp_reshard > 0, 2.0, 1.0)
 
     def traffic(params, group, stride, replicas):
@@ -227,7 +230,7 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
         replica_ar = coll.nccl_all_reduce_s(replicas, params * g_b / group, ra, rb)
         hideable = jnp.where(
             partitioned,
-            per_mb * rs + jnp.where(zero3, gathers * mb * ag, 0.0),
+            per_mb * rs + jnp.where(zero3, jnp.where(step_gather, ag, gathers * mb * ag), 0.0),
             ar,
         )
         exposed = jnp.where(partitioned & ~zero3, ag, 0.0) + jnp.where(zero3, replica_ar, 0.0)

@@ -16,6 +16,7 @@ from perfmodel.choices import (
     Dtype,
     MoeDispatch,
     Recompute,
+    RecomputeModule,
     Schedule,
     ZeroStage,
 )
@@ -261,6 +262,10 @@ def strategy_from_knobs(
     moe_overlap: bool = False,
     cp_comm: str | int = "p2p",
     fsdp_reshard: bool = True,
+    param_remainders: bool = False,
+    recompute_modules: object = 0,
+    logit_bytes: float = 4.0,
+    fsdp_step_gather: bool = False,
     num_experts: int = 0,
     seq_len: int | None = None,
 ) -> Strategy:
@@ -303,6 +308,15 @@ def strategy_from_knobs(
       tp_overlap: overlap tensor-parallel collectives with the GEMMs.
       moe_overlap: overlap the MoE token dispatch and combine with compute.
       fsdp_reshard: free gathered parameters after the forward (FSDP's default).
+      param_remainders: the optimizer keeps 16-bit remainders of the bf16 weights instead of
+        fp32 master weights (2 bytes per parameter less; bf16 only).
+      recompute_modules: submodules selective recomputation also redoes (names of
+        :class:`~perfmodel.choices.RecomputeModule`, Megatron-Core's ``--recompute-modules``);
+        needs ``recompute="selective"``.
+      logit_bytes: bytes per logit the loss holds at its peak (4: a fused fp32 softmax
+        cross-entropy; 12: an unfused fp32 one), more than 0.
+      fsdp_step_gather: ZeRO-3 keeps parameters gathered and gradients unreduced across the
+        step's microbatches (one all-gather and reduce-scatter per step); needs zero_stage 3.
       grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
         (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
       moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.
@@ -344,6 +358,27 @@ def strategy_from_knobs(
         raise bad_value(
             None, "moe_imbalance", moe_imbalance, "at least 1.0 (1.0 = perfectly balanced)"
         )
+    if param_remainders and Dtype.parse(dtype, "dtype") != Dtype.BF16:
+        raise bad_value(
+            None,
+            "param_remainders",
+            param_remainders,
+            "off unless dtype is bf16 (remainders complete bf16 weights to fp32)",
+        )
+    modules = RecomputeModule.parse(recompute_modules, "recompute_modules")
+    if modules and rec != Recompute.SELECTIVE:
+        raise bad_value(
+            None,
+            "recompute_modules",
+            recompute_modules,
+            "none unless recompute is selective (they refine selective recomputation)",
+        )
+    if not logit_bytes > 0:
+        raise bad_value(None, "logit_bytes", logit_bytes, "more than 0 bytes per logit")
+    if fsdp_step_gather and zero != ZeroStage.PARAMETERS:
+        raise bad_value(
+            None, "fsdp_step_gather", fsdp_step_gather, "off unless zero_stage is 3 (FSDP)"
+        )
     num_microbatches = _derive_microbatches(dp, micro_batch_size, global_batch, num_microbatches)
     if schedule is None:
         schedule = Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B
@@ -376,4 +411,8 @@ def strategy_from_knobs(
         moe_overlap=moe_overlap,
         cp_comm=CpComm.parse(cp_comm, "cp_comm"),
         fsdp_reshard=fsdp_reshard,
+        param_remainders=param_remainders,
+        recompute_modules=modules,
+        logit_bytes=logit_bytes,
+        fsdp_step_gather=fsdp_step_gather,
     )

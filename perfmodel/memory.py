@@ -3,12 +3,15 @@
 Model states with mixed-precision Adam take 2 bytes of weights, 12 of fp32 master copy, momentum
 and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and reduced in fp32
 (Megatron-Core's default with bf16: 18 bytes per parameter without the distributed optimizer;
-Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. FP8 training keeps an
-extra 1-byte copy of the weights (Transformer Engine), or, with the distributed optimizer, the
-weights in FP8 only (Megatron-Core's ``--fp8-param-gather``). ZeRO-1/2/3 shard the optimiser state, then
-the gradients, then the weights over the data-parallel ranks (dp·cp: context-parallel ranks hold
-the same weights), or, for ZeRO-3 with a ``shard_size``, over groups of that size (HSDP). Routed
-experts are split over ep·etp ranks and their states sharded over the expert-data-parallel ranks.
+Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. With
+``param_remainders`` the fp32 master copy of bf16 weights is stored as its 16 missing low-order
+bits (10 bytes of optimizer state, not 12: Apex's DistributedFusedAdam, NeMo's default for bf16
+weights). FP8 training keeps an extra 1-byte copy of the weights (Transformer Engine), or, with
+the distributed optimizer, the weights in FP8 only (Megatron-Core's ``--fp8-param-gather``).
+ZeRO-1/2/3 shard the optimiser state, then the gradients, then the weights over the data-parallel
+ranks (dp·cp: context-parallel ranks hold the same weights), or, for ZeRO-3 with a ``shard_size``,
+over groups of that size (HSDP). Routed experts are split over ep·etp ranks and their states sharded
+over the expert-data-parallel ranks.
 
 Activations are counted from the layer's real tensors, generalising Korthikanti et al. 2022 §4
 (``s·b·h·(34 + 5·a·s/h)`` for a GPT layer) to grouped-query and latent attention, gated MLPs,
@@ -16,7 +19,8 @@ models without dropout, fused attention and MoE blocks: per layer and microbatch
 elements of ``s·b·h``, the replicated norm and GEMM inputs and dropout masks (``/t`` with sequence
 parallelism), Q, K, V and the attention output, the MLP's fc1 and activation outputs, and the
 ``s²`` softmax tensors of an unfused kernel. Context parallelism divides them by cp. Selective
-recomputation drops the ``s²`` tensors, full recomputation keeps the layer input of ``recompute_
+recomputation drops the ``s²`` tensors and what its ``recompute_modules`` discard
+(:mod:`perfmodel.recompute`), full recomputation keeps the layer input of ``recompute_
 layers`` layers (all by default). The first pipeline stage holds ``pp`` microbatches in flight
 under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
 """
@@ -31,6 +35,7 @@ from jaxtyping import Array, Float
 
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.moe import moe_activation_bytes
+from perfmodel.recompute import saved_elements
 from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import (
     ModelSpec,
@@ -195,7 +200,14 @@ def _activation_bytes(m: ModelSpec, s: Strategy, moe_layer: bool):
         mlp_elems, mlp_split = 0.0, mlp
     rep = jnp.where(s.sequence_parallel > 0, t, 1.0)
     none_ = sbh * (replicated / rep + (split + mlp_split + attn) / t + mlp_elems)
-    selective = sbh * (replicated / rep + (split + mlp_split) / t + mlp_elems)
+    # selective recomputation drops the s² tensors and what its recompute modules discard
+    # (exactly 0 without them: perfmodel.recompute)
+    saved = saved_elements(m, s, act_b, moe_layer=moe_layer)
+    selective = sbh * (
+        (replicated - saved.replicated) / rep
+        + (split + mlp_split - saved.split) / t
+        + (mlp_elems - saved.moe_bytes / scale / sbh)
+    )
     full = 2.0 * sbh / rep
     per_layer = jnp.where(
         s.recompute == Recompute.FULL,
@@ -250,8 +262,10 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     (Rajbhandari et al. 2020; dense parameters over :func:`shard_group`, experts over
     :func:`expert_data_parallel`); ZeRO-3 also holds the gathered weights of the layers in use
     (two: the current and the prefetched), or of the whole stage when parameters are not
-    resharded after the forward. Activations from :func:`stage_activation_bytes` times the
-    microbatches in flight, plus the fp32 logits when one stage holds the whole model.
+    resharded after the forward (or kept gathered, with unsharded gradients, across the
+    microbatches under ``fsdp_step_gather``). Activations from :func:`stage_activation_bytes`
+    times the microbatches in flight, plus the loss's logits (``logit_bytes`` each) when one
+    stage holds the whole model.
 
     Args:
       m: model dimensions.
@@ -272,20 +286,29 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
 
     zero3 = z == ZeroStage.PARAMETERS
     layer_w = p / jnp.maximum(layers_per_stage(m, s), 1.0)
-    gathered = jnp.where(s.fsdp_reshard > 0, 2.0 * layer_w, p) * w_b
+    # the whole stage stays gathered without resharding, or across microbatches (step gather)
+    whole = (s.fsdp_reshard <= 0) | (s.fsdp_step_gather > 0)
+    gathered = jnp.where(whole, p, 2.0 * layer_w) * w_b
     # FP8: Transformer Engine keeps a 1-byte FP8 copy beside the 16-bit weights; with the
     # distributed optimizer (ZeRO >= 1) Megatron-Core and NeMo keep the weights in FP8 only
     # (``--fp8-param-gather``), the fp32 master copy living in the optimizer state
     fp8 = s.dtype == Dtype.FP8
     w_b = jnp.where(fp8 & (z >= ZeroStage.OPTIMIZER), 1.0, w_b)
+    # master weights kept as the 16 low-order bits the bf16 weights lack (Apex/TE
+    # ``store_param_remainders``): 2 bytes of the 12 instead of 4
+    o_b = jnp.where((s.param_remainders > 0) & (s.dtype == Dtype.BF16), o_b - 2.0, o_b)
     fp8_copy = jnp.where(fp8 & (z < ZeroStage.OPTIMIZER), 1.0, 0.0) * p
     weights = sharded(w_b, ZeroStage.PARAMETERS) + jnp.where(zero3, gathered, 0.0) + fp8_copy
     grads = sharded(g_b, ZeroStage.GRADIENTS)
+    # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in the
+    # reduce dtype), reduce-scattered once
+    grads = grads + jnp.where(zero3 & (s.fsdp_step_gather > 0), p * g_b, 0.0)
     opt = sharded(o_b, ZeroStage.OPTIMIZER)
     acts = stage_activation_bytes(m, s) * in_flight_microbatches(s)
     if m.kind == "transformer":
-        # logits and their fp32 softmax (4·s·b·V/t, Korthikanti §4.3) when the first stage is also last
-        logits = 4.0 * m.seq_len / s.cp * s.micro_batch_size * m.vocab_size / s.tp
+        # the loss's logits at its peak (``logit_bytes`` per logit: 4 for the fused fp32
+        # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last
+        logits = s.logit_bytes * m.seq_len / s.cp * s.micro_batch_size * m.vocab_size / s.tp
         acts = acts + jnp.where(s.pp <= 1, logits, 0.0)
     total = weights + grads + opt + acts
     return MemoryBreakdown(

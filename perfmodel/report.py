@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.choices import CpComm, Dtype, MoeDispatch, Recompute, Schedule
+from perfmodel.choices import CpComm, Dtype, MoeDispatch, Recompute, RecomputeModule, Schedule
 from perfmodel.strategy import KNOBS, Strategy
 
 SCALAR_KEYS = (
@@ -64,13 +64,24 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     out["dtype"] = np.asarray(Dtype.labels(), dtype=object)[cols["dtype"].astype(int)]
     out["dp_overlap"] = cols["dp_overlap"].astype(bool)
     out["fused_attention"] = cols["fused_attention"].astype(bool)
-    for k in ("tp_overlap", "grad_reduce_fp32", "moe_overlap", "fsdp_reshard"):
+    for k in (
+        "tp_overlap",
+        "grad_reduce_fp32",
+        "moe_overlap",
+        "fsdp_reshard",
+        "param_remainders",
+        "fsdp_step_gather",
+    ):
         out[k] = cols[k].astype(bool)
+    out["logit_bytes"] = cols["logit_bytes"].astype(np.float64)
     out["moe_imbalance"] = cols["moe_imbalance"].astype(np.float64)
     out["moe_dispatch"] = np.asarray(MoeDispatch.labels(), dtype=object)[
         cols["moe_dispatch"].astype(int)
     ]
     out["cp_comm"] = np.asarray(CpComm.labels(), dtype=object)[cols["cp_comm"].astype(int)]
+    out["recompute_modules"] = np.vectorize(RecomputeModule.label_of, otypes=[object])(
+        cols["recompute_modules"]
+    )
     out["global_batch_size"] = (
         cols["dp"] * cols["micro_batch_size"] * cols["num_microbatches"]
     ).astype(np.int64)
@@ -138,6 +149,10 @@ def row_to_result(row: pd.Series | dict) -> dict:
         "moe_overlap",
         "cp_comm",
         "fsdp_reshard",
+        "param_remainders",
+        "recompute_modules",
+        "logit_bytes",
+        "fsdp_step_gather",
     ):
         if k in r:
             doc[k] = _py(r[k])

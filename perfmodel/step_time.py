@@ -39,6 +39,7 @@ from perfmodel.memory import (
     stage_params_split,
 )
 from perfmodel.moe import moe_forward_ops, routed_tokens
+from perfmodel.recompute import redone_ops
 from perfmodel.roofline import op_time_s
 from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import (
@@ -260,7 +261,8 @@ def _compute_terms(
 ) -> _StageCompute:
     """Compute of the slowest stage for one microbatch: each op class by the roofline, the
     backward pass twice the forward, plus what recomputation redoes (the whole forward of
-    ``recompute_layers`` layers, or the attention core: Korthikanti et al. 2022 §5), a fused
+    ``recompute_layers`` layers, or the attention core: Korthikanti et al. 2022 §5, and the
+    forward of the ``recompute_modules``: :mod:`perfmodel.recompute`), a fused
     kernel's backward recomputing Q·Kᵀ (Dao et al. 2022), FP8's cast kernels, and each MoE
     layer's host-bound time (``moe_layer_overhead_s``: a third in the forward, two thirds in
     the backward, the forward's share again when the layer is recomputed). Dense and
@@ -291,10 +293,15 @@ def _compute_terms(
     cast_moe = jnp.where(fp8, t(cast_m[0]) + t(cast_m[1]), 0.0)
     attn_core = t(ops.attention) + t(ops.softmax)  # what selective recomputation redoes
     sel_redo = jnp.where(selective, attn_core, 0.0)
-    dense_f, dense_b = attn_fwd + dense_fwd, attn_bwd + dense_bwd + cast_dense
+    # the forward of what the recompute modules discarded, again in the backward (0 without)
+    redone = redone_ops(m, s, ops, act_b)
+    redo_attn = sum(t(op) for op in redone.attention)
+    redo_dense = redo_attn + sum(t(op) for op in redone.dense)
+    redo_moe = redo_attn + sum(t(op) for op in redone.moe)
+    dense_f, dense_b = attn_fwd + dense_fwd, attn_bwd + dense_bwd + cast_dense + redo_dense
     host = c.moe_layer_overhead_s * (m.num_experts > 0)
     moe_f = attn_fwd + moe_fwd + host / 3.0
-    moe_b = attn_bwd + moe_bwd + cast_moe + 2.0 * host / 3.0
+    moe_b = attn_bwd + moe_bwd + cast_moe + 2.0 * host / 3.0 + redo_moe
     n = layers_per_stage(m, s)
     first, last = end_stage_layers(m, s)
     n_moe = stage_moe_layers(m, n) if m.kind == "transformer" else jnp.zeros(())
@@ -338,9 +345,10 @@ def _compute_terms(
     moe_flops = attn_flops + sum(op.flops for op in moe_classes)
     redo = jnp.where(selective, ops.attention.flops, 0.0)
     frac = jnp.where(full, k / jnp.maximum(n, 1.0), 0.0)
+    redo_gemm = sum(op.flops for op in redone.attention if op.tensor)
     hw_flops = (
-        L_dense * ((3.0 + frac) * dense_flops + redo)
-        + L_moe * ((3.0 + frac) * moe_flops + redo)
+        L_dense * ((3.0 + frac) * dense_flops + redo + redo_gemm + redone.dense[0].flops)
+        + L_moe * ((3.0 + frac) * moe_flops + redo + redo_gemm)
         + m.num_layers * jnp.where(fused, fa_redo.flops, 0.0)
         + 3.0 * logits_mm.flops
     )

@@ -15,7 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from perfmodel.choices import RECOMPUTE_ALIASES, CpComm, Dtype, MoeDispatch, Recompute, Schedule
+from perfmodel.choices import (
+    RECOMPUTE_ALIASES,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 
 SCHEDULES = Schedule.labels()
 RECOMPUTE = Recompute.labels()
@@ -51,6 +59,10 @@ KNOBS = (
     "moe_overlap",
     "cp_comm",
     "fsdp_reshard",
+    "param_remainders",
+    "recompute_modules",
+    "logit_bytes",
+    "fsdp_step_gather",
 )
 # what a knob left out means: the dense, 2022-style strategy (tables built before a knob existed
 # stay valid); ``grad_reduce_fp32`` has no single default (see :func:`default_grad_reduce_fp32`)
@@ -66,6 +78,10 @@ KNOB_DEFAULTS = {
     "moe_overlap": 0.0,
     "cp_comm": 0.0,
     "fsdp_reshard": 1.0,
+    "param_remainders": 0.0,
+    "recompute_modules": 0.0,
+    "logit_bytes": 4.0,
+    "fsdp_step_gather": 0.0,
 }
 
 
@@ -109,6 +125,21 @@ class Strategy:
       cp_comm: a :class:`~perfmodel.choices.CpComm` code (p2p ring or all-gather of K/V).
       fsdp_reshard: 1 to free gathered parameters after the forward (FSDP's default), so the
         backward gathers them again.
+      param_remainders: 1 when the optimizer keeps each bf16 weight's fp32 master copy as the
+        16 low-order bits it lacks (Apex/Transformer Engine ``store_param_remainders``: bf16
+        weight + 16-bit remainder = the fp32 value), 2 bytes per parameter instead of 4; only
+        bf16 training can (the default of NeMo's Apex distributed Adam for bf16 weights).
+      recompute_modules: a sum of :class:`~perfmodel.choices.RecomputeModule` flags, the
+        submodules selective recomputation also discards and redoes (Megatron-Core's
+        ``--recompute-modules``); 0 = the attention core only.
+      logit_bytes: bytes per logit the loss holds at its peak on the last stage: 4 for a fused
+        fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3, Megatron), 12 for an unfused
+        fp32 one (the log-softmax output kept for the backward, the loss gradient and the
+        log-softmax's input gradient: torchtitan's ``cross_entropy(pred.float(), labels)``).
+      fsdp_step_gather: 1 when ZeRO-3/FSDP keeps the parameters gathered and the gradients
+        unreduced across the microbatches of a step (PyTorch pipelining's no-sync for FSDP2
+        stages: one all-gather and one reduce-scatter per step, the stage's unsharded weights
+        and gradients held throughout).
     """
 
     dp: Float[Array, "*n"]
@@ -137,6 +168,10 @@ class Strategy:
     moe_overlap: Float[Array, "*n"]
     cp_comm: Float[Array, "*n"]
     fsdp_reshard: Float[Array, "*n"]
+    param_remainders: Float[Array, "*n"]
+    recompute_modules: Float[Array, "*n"]
+    logit_bytes: Float[Array, "*n"]
+    fsdp_step_gather: Float[Array, "*n"]
 
     @property
     def global_batch(self):
@@ -184,6 +219,10 @@ def make_strategy(
     moe_overlap: bool = False,
     cp_comm: str | int = "p2p",
     fsdp_reshard: bool = True,
+    param_remainders: bool = False,
+    recompute_modules: object = 0,
+    logit_bytes: float = 4.0,
+    fsdp_step_gather: bool = False,
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values, without validation (see
     :func:`perfmodel.knobs.strategy_from_knobs` for user input).
@@ -217,6 +256,11 @@ def make_strategy(
       moe_overlap: overlap token dispatch with compute.
       cp_comm: a :class:`~perfmodel.choices.CpComm` label or code.
       fsdp_reshard: free gathered parameters after the forward.
+      param_remainders: keep 16-bit remainders of the bf16 weights as the fp32 master copy.
+      recompute_modules: :class:`~perfmodel.choices.RecomputeModule` names (a list or a
+        comma-separated string) or their code.
+      logit_bytes: bytes per logit held at the loss's peak (4: fused fp32 softmax).
+      fsdp_step_gather: FSDP gathers and reduce-scatters once per step, not per microbatch.
 
     Returns:
       A :class:`Strategy` with scalar float32 leaves.
@@ -254,6 +298,10 @@ def make_strategy(
         moe_overlap=float(bool(moe_overlap)),
         cp_comm=CpComm.parse(cp_comm, "cp_comm"),
         fsdp_reshard=float(bool(fsdp_reshard)),
+        param_remainders=float(bool(param_remainders)),
+        recompute_modules=RecomputeModule.parse(recompute_modules, "recompute_modules"),
+        logit_bytes=logit_bytes,
+        fsdp_step_gather=float(bool(fsdp_step_gather)),
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
@@ -311,4 +359,8 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "moe_overlap": bool(v["moe_overlap"]),
         "cp_comm": CpComm(int(v["cp_comm"])).label,
         "fsdp_reshard": bool(v["fsdp_reshard"]),
+        "param_remainders": bool(v["param_remainders"]),
+        "recompute_modules": RecomputeModule.label_of(v["recompute_modules"]),
+        "logit_bytes": v["logit_bytes"],
+        "fsdp_step_gather": bool(v["fsdp_step_gather"]),
     }

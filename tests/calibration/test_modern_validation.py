@@ -25,24 +25,11 @@ from calibration.modern import (
 )
 from calibration.profile import load_profile_constants, stack_profile_path
 from perfmodel import load_hardware
+from perfmodel.choices import Recompute, RecomputeModule
 from perfmodel.workload import model_from_dict
 from simbase.errors import AisimError
 
 MEGATRON = ("megatron-core", "nemo", "megatron-bridge")
-# measured runs the model still calls out of memory (docs/validation.md says why): the
-# activation/weight accounting is too heavy for them. An xfail below asserts they all fit.
-KNOWN_INFEASIBLE = {
-    "nemotron4-340b h100-sxm x128 tp/pp/cp/ep=8/8/1/1 s4K bf16 nemo",
-    "nemotron4-340b h100-sxm x128 tp/pp/cp/ep=8/8/1/1 s4K fp8 nemo",
-    "llama3-70b h100-sxm x64 tp/pp/cp/ep=4/8/1/1 s8K fp8 megatron-bridge",
-    "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K bf16 torchtitan",
-    "llama3-8b h100-sxm x8 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
-    "llama3-8b h100-sxm x128 tp/pp/cp/ep=1/1/1/1 s8K fp8 torchtitan",
-    # B200 (180 GB): activations of pp 8 without recomputation, weights of 405B on tp 4
-    "llama3-405b b200 x128 tp/pp/cp/ep=4/8/2/1 s8K fp8 megatron-bridge",
-    "gpt-oss-120b b200 x64 tp/pp/cp/ep=1/1/1/8 s4K bf16 megatron-bridge",
-    "deepseek-v3 b200 x256 tp/pp/cp/ep=1/8/1/32 s4K fp8 megatron-bridge",
-}
 
 
 # the models that had a preset (or whose table columns describe them) when the bounds were set;
@@ -124,13 +111,15 @@ def test_dense_megatron_h100_uncalibrated_within_6_5_pct(evaluated):
     assert _mae(sel) < 6.5
 
 
-def test_moe_megatron_uncalibrated_within_10_pct(evaluated):
-    # target 20%. The H100 rows fitted moe_layer_overhead_ms (9.0%); the B200 rows did not (8.5%)
+def test_moe_megatron_uncalibrated_within_target(evaluated):
+    # target 20%. The H100 rows fitted moe_layer_overhead_ms (9.0%); the B200 rows did not
+    # (11.4%: reducing Megatron-Bridge's gradients in bf16, as its recipes do, took GPT-OSS-120B
+    # on B200 from -19% to -29%, its gradient reduce-scatter being the exposed part)
     _, _, df = evaluated
-    for hw in ("h100-sxm", "b200"):
+    for hw, bound in (("h100-sxm", 10.0), ("b200", 12.0)):
         sel = df[(df["stack"] == "megatron-core") & (df["hardware"] == hw) & (df["group"] == "moe")]
         assert len(sel) >= 4
-        assert _mae(sel) < 10.0, hw
+        assert _mae(sel) < bound, hw
 
 
 @pytest.mark.slow
@@ -166,24 +155,59 @@ def test_moe_layer_overhead_default_is_its_fit_to_the_h100_moe_rows():
     assert res.values["moe_layer_overhead_s"] == pytest.approx(shipped, rel=0.05)
 
 
-def test_b200_dense_uncalibrated_within_5_pct(evaluated):
+def test_b200_dense_uncalibrated_within_6_5_pct(evaluated):
+    # 6.0% (4.6% before Megatron-Bridge's bf16 gradient reduction moved the two 405B rows, never
+    # fitted, from -5%/-10% to -8%/-13%)
     _, _, df = evaluated
     sel = df[(df["hardware"] == "b200") & (df["group"] == "dense")]
     assert len(sel) >= 2
-    assert _mae(sel) < 5.0
+    assert _mae(sel) < 6.5
+
+
+def test_peak_memory_where_published(evaluated):
+    # issue 15's target: within 20% of the measured peak. torchtitan's 18 rows: 16 are (mean
+    # 11.0%); the two Llama 3 70B rows (TP 8, full AC, local batch 16) are 24-29% light
+    _, _, df = evaluated
+    m = df[np.isfinite(df.measured_memory_gib)]
+    assert len(m) == 18
+    err = (100.0 * (m.memory_gib / m.measured_memory_gib - 1.0)).abs()
+    assert float(err.mean()) < 12.0
+    assert int((err <= 20.0).sum()) >= 16
+
+
+def test_loader_reads_each_recipes_memory_facts():
+    """What the rows' recipes say (calibration.modern's docstring): NeMo's Apex distributed
+    Adam keeps param remainders for bf16 weights, Megatron-Bridge reduces gradients in bf16,
+    and the notes' ``recompute_modules [...]`` become the strategy's modules."""
+    runs, _ = load_modern_runs(MAIN_CSV)
+    by_row = {r.row: r for r in runs}
+    s = by_row[21].strategy  # Nemotron-4 340B bf16 (distributed_fused_adam per its yaml)
+    assert float(s.param_remainders) == 1 and float(s.grad_reduce_fp32) == 0
+    assert float(by_row[22].strategy.param_remainders) == 0  # its FP8 twin: fp8 params
+    assert float(by_row[25].strategy.param_remainders) == 0  # Grok-1: mcore_distributed_optim
+    for r in runs:
+        if r.framework == "megatron-bridge":
+            assert float(r.strategy.grad_reduce_fp32) == 0, r.label
+        if r.framework == "megatron-core" and not r.fp8:
+            assert float(r.strategy.grad_reduce_fp32) == 1, r.label
+    assert RecomputeModule.label_of(float(by_row[30].strategy.recompute_modules)) == (
+        "mlp,mla_up_proj"
+    )
+    assert RecomputeModule.label_of(float(by_row[31].strategy.recompute_modules)) == (
+        "layernorm,moe_act"
+    )
+    assert int(by_row[30].strategy.recompute) == Recompute.SELECTIVE
 
 
 def test_fp8_speedups(evaluated):
-    # target: within 10% of the measured ratio. Every Megatron-family pair is; of torchtitan's,
-    # the 8B TP 8 async-TP pair is not (predicted 1.03x, measured 1.16x: FP8 cast kernels
-    # outweigh the smaller GEMMs in the model at TP 8 on an 8B model)
+    # target: within 10% of the measured ratio. Every pair is (the worst, torchtitan's 8B on
+    # TP 8 with async TP: -8.4%, predicted 1.06x for 1.16x measured: FP8's cast kernels weigh
+    # against the smaller GEMMs of an 8B model at TP 8)
     runs, _, df = evaluated
     r = fp8_ratios(runs, df.predicted_s.to_numpy())
     assert len(r) >= 13
-    meg = r[r.pair.str.contains("nemo|megatron")]
-    assert (meg.error_pct.abs() < 10.0).all()
+    assert (r.error_pct.abs() < 10.0).all()
     assert float(r.error_pct.abs().mean()) < 6.5
-    assert int((r.error_pct.abs() >= 10.0).sum()) <= 1
 
 
 def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
@@ -196,23 +220,20 @@ def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
     assert (nemo.error_pct.abs() < 5.0).all()
 
 
-def test_measured_runs_feasible_but_the_known_memory_misses(evaluated):
+def test_no_measured_run_is_predicted_infeasible(evaluated):
+    # issue 15's target. What made the last 9 fit, each a fact of the run's software or
+    # hardware (docs/validation.md): Apex's param remainders (Nemotron-4 340B), the B200's 179
+    # GiB, Megatron-Bridge's bf16 gradients and its recipes' recompute modules (DeepSeek-V3,
+    # GPT-OSS), torchtitan's per-op selective checkpointing (Llama 3 8B on 8 GPUs)
     _, _, df = evaluated
-    infeasible = set(df.label[~df.feasible])
-    assert infeasible <= KNOWN_INFEASIBLE
+    assert df.feasible.all(), list(df.label[~df.feasible])
     # no strategy that ran is called invalid (DeepSeek-V3's 61 layers on pp 8 x 2 chunks
     # included: Megatron-Bridge places them with a custom pipeline layout)
     assert df.valid.all()
 
 
-@pytest.mark.xfail(strict=True, reason="memory model too heavy for 8 runs (docs/validation.md)")
-def test_no_measured_run_is_predicted_infeasible(evaluated):
-    _, _, df = evaluated
-    assert df.feasible.all()
-
-
 @pytest.mark.parametrize(
-    ("name", "bound"), [("megatron-core-h100", 8.0), ("pytorch-fsdp-h100", 11.5)]
+    ("name", "bound"), [("megatron-core-h100", 8.0), ("pytorch-fsdp-h100", 9.0)]
 )
 def test_shipped_stack_profiles_loo_error(name, bound):
     path = stack_profile_path(name)
