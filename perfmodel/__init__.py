@@ -13,7 +13,8 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
 - **The strategy**: the pytree :class:`Strategy` (:func:`make_strategy`,
   :func:`stack_strategies`, :func:`strategy_to_dict`), user knobs validated by
   :func:`strategy_from_knobs`, and the named choices :class:`Schedule`, :class:`ZeroStage`,
-  :class:`Recompute`, :class:`Dtype`, :class:`MoeDispatch`, :class:`CpComm`.
+  :class:`Recompute`, :class:`RecomputeModule`, :class:`Dtype`, :class:`MoeDispatch`,
+  :class:`CpComm`.
 - **The model**: :func:`step_time` -> :class:`StepBreakdown` (terms in
   :data:`BREAKDOWN_TERMS`), :func:`memory_per_device` -> :class:`MemoryBreakdown`,
   :func:`evaluate_grid` (one ``jit(vmap)``), the cost models :data:`COST_MODELS` /
@@ -35,7 +36,15 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
 
 from perfmodel import collab
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.choices import CpComm, Dtype, MoeDispatch, Recompute, Schedule, ZeroStage
+from perfmodel.choices import (
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+    ZeroStage,
+)
 from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
 from perfmodel.constants import Constants, constants_to_dict
 from perfmodel.cost_models import COST_MODELS, select_step_fn
@@ -97,6 +106,7 @@ __all__ = [
     "ModelSpec",
     "RECOMPUTE",
     "Recompute",
+    "RecomputeModule",
     "MoeDispatch",
     "CpComm",
     "SCHEDULES",
