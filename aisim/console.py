@@ -38,6 +38,13 @@ class _Console(Console):
     """A rich console whose width is read at each use: ``$COLUMNS`` when set, the terminal's
     when the stream is one, else :data:`PIPE_WIDTH`."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if kwargs.get("width") is None:
+            # rich fixes the width from $COLUMNS as it was when the console was made (at import);
+            # read it at each use instead
+            self._width = None
+
     @property
     def size(self) -> ConsoleDimensions:
         dims = super().size

@@ -2,11 +2,15 @@
 
 - Implicit rank promotion is an error, as in equinox's tests.
 - No persistent XLA compilation cache in this process: it holds every program the session
-  compiles, and serialising them all to disk added to the memory mappings below. The commands
-  the tests start (``aisim`` in a fresh process, as users run it, with the cache on by default)
-  share one cache folder for the session (``AISIM_XLA_CACHE``), so a program that a hundred doc
-  commands compile is compiled once; it is removed when the session ends. The cache's own
-  behaviour is tested in ``tests/test_compilation_cache.py`` with a folder of its own.
+  compiles, and serialising them all to disk added to the memory mappings below. The processes
+  the tests start (``aisim`` commands, as users run them with the cache on by default, and the
+  doc scripts, benchmarks and notebook kernels, through JAX's own ``JAX_COMPILATION_CACHE_DIR``)
+  share one cache folder for the session, so a program that many of them compile is compiled
+  once; it is removed when the session ends. The cache's own behaviour is tested in
+  ``tests/test_compilation_cache.py`` with a folder of its own.
+- No ``$COLUMNS`` or ``$LINES`` from outside: a test that cares about the terminal's width sets
+  it itself (pytest-xdist's workers inherit ``COLUMNS=80``, a shell may export its own), so the
+  output of a command that goes to a pipe is as wide as it is for users (``aisim.console``).
 - JAX's in-memory caches are emptied between test modules once the process holds more than
   :data:`MAX_MAPPINGS` memory mappings. Each compiled XLA:CPU executable keeps a few mappings
   until it is freed; a whole session of step-model compiles passed Linux's default
@@ -23,6 +27,10 @@ import tempfile
 _CACHE = tempfile.mkdtemp(prefix="aisim-test-xla-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ["AISIM_XLA_CACHE"] = _CACHE
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # wins over AISIM_XLA_CACHE (aisim.app)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
