@@ -188,6 +188,7 @@ def summarise(
         "clients": b.data.population.num_clients,
         "chunk_size": b.spec.chunk,
         "jax_devices": len(jax.devices()),
+        "jax_processes": jax.process_count(),
         "time_to_accuracy": {f"{t:g}": time_to_accuracy(metrics, t) for t in ACCURACY_THRESHOLDS},
     }
     if cfg.algorithm == "fedbuff":

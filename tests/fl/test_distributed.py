@@ -1,5 +1,6 @@
 """One simulation over two processes (jax.distributed on 127.0.0.1) equals one process's."""
 
+import json
 import os
 import socket
 import subprocess
@@ -94,6 +95,8 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert (
         outs[1][0] == "" and not (tmp_path / "p1").exists()
     )  # process 1 neither prints nor writes
+    assert json.loads(outs[0][0])["jax_processes"] == 2
+    assert json.loads(outs[2][0])["jax_processes"] == 1
     two = pd.read_csv(tmp_path / "p0" / "metrics.csv")
     ref = pd.read_csv(tmp_path / "one" / "metrics.csv")
     assert len(two) == 3
