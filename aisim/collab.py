@@ -209,6 +209,14 @@ TcpWindowOpt = Annotated[
         "link at window / round trip (default: no cap)."
     ),
 ]
+RoundWindowOpt = Annotated[
+    float,
+    _opt(
+        help="--model: the round's fixed length in seconds when the protocol sets it (a chain's "
+        "window, e.g. Templar's blocks_per_window x 12 s): inner steps stop at its end and the "
+        "sites idle for what is left (default 0: the round lasts as long as its work)."
+    ),
+]
 ServerBwOpt = Annotated[
     str | None,
     _opt(help="--model, server topology: the server's line rate (default: the fastest site's)."),
@@ -233,6 +241,7 @@ REAL_FLAGS = (
         down_bandwidth="--wan-down",
         latency="--wan-latency-ms",
         tcp_window_bytes="--tcp-window",
+        window_s="--round-window",
         model_file="--model",
     )
     | KNOB_FLAGS
@@ -419,6 +428,7 @@ def sweep(
     wan_efficiency: WanEffOpt = None,
     server_bandwidth: ServerBwOpt = None,
     tcp_window: TcpWindowOpt = None,
+    round_window: RoundWindowOpt = 0.0,
     tokens: TokensOpt = None,
     rounds: Annotated[float, _opt(help="Rounds of the task (total = rounds x round time).")] = 1.0,
     profile: Profile = None,

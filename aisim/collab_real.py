@@ -166,6 +166,7 @@ def build_cross_site(o: dict):
         topk_fraction=o["topk_fraction"],
         server_bytes_per_s=None if server is None else parse_rates(server, "server_bandwidth")[0],
         tcp_window_bytes=window,
+        window_s=o["round_window"],
     )
     steps = parse_counts(o["local_steps"] or "100", "local_steps")
     tokens = None
@@ -216,6 +217,7 @@ def sweep_real(o: dict) -> None:
                     "tcp_window_bytes": None
                     if math.isinf(cs.tcp_window_bytes)
                     else cs.tcp_window_bytes,
+                    "round_window_s": cs.window_s,
                     "knobs": cs.knobs,
                     "profile": None if o["profile"] is None else str(o["profile"]),
                 },
@@ -310,9 +312,10 @@ def _print_real(cs, df, sites: list, tokens, out: Path | None) -> None:
         )
     )
     console.print(rich_table(s, title="sites (first setting)", float_fmt="{:.2f}"))
+    idle = "a slower site or the end of the round window" if cs.window_s > 0 else "a slower site"
     console.print(
         "compute % = time in inner steps that count / wall time (device-weighted); comm % "
-        "includes a newcomer's state download; idle % = waiting for a slower site (columns "
+        f"includes a newcomer's state download; idle % = waiting for {idle} (columns "
         "that are 0 everywhere are not shown); --json and --out carry every site",
         highlight=False,
     )

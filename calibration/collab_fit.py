@@ -464,6 +464,8 @@ _RUN_OPTIONAL += (
     "wan_rtt_ms",
     "tcp_window_bytes",
 )
+# columns a table may leave out (blank or absent: not used)
+_RUN_EXTRA = ("window_s", "published_inner_step_s", "recompute_modules", "logit_bytes")
 
 
 def crosssite_runs_path() -> Path:
@@ -483,7 +485,10 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     of the ring's longest hop (blank: the preset's latency) and ``tcp_window_bytes`` the bytes a
     link keeps in flight (blank: no cap)) and the published values
     (``published_compute_utilization_pct``; optional ``published_sync_s``,
-    ``published_round_compute_s``, ``published_mfu_pct``).
+    ``published_round_compute_s``, ``published_mfu_pct``). Optional columns: ``window_s`` the
+    round's fixed length when the protocol sets it, ``published_inner_step_s`` a published
+    per-step time that replaces the step model's (only where a source gives one),
+    ``recompute_modules`` and ``logit_bytes`` (:func:`perfmodel.estimate`'s knobs of those names).
 
     Raises:
       AisimError: a missing column, a bad value (naming the file, ``row N: column`` and the
@@ -503,7 +508,7 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
         for col in _RUN_FLOATS:
             if not (math.isfinite(float(r[col])) and float(r[col]) > 0):
                 raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number")
-        for col in ("wan_rtt_ms", "tcp_window_bytes"):
+        for col in ("wan_rtt_ms", "tcp_window_bytes") + _present(df, _RUN_EXTRA[:2]):
             v = float(r[col])
             if not (math.isnan(v) or (math.isfinite(v) and v > 0)):
                 raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number or blank")
@@ -512,6 +517,16 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     if int((df["role"] == "fit").sum()) != 1:
         raise bad_value(where, "role", int((df["role"] == "fit").sum()), "exactly one fit row")
     return df
+
+
+def _present(df, cols) -> tuple:
+    return tuple(c for c in cols if c in df.columns)
+
+
+def _extra(row, col):
+    """An optional column's value, or ``None`` when the column is absent or the cell blank."""
+    v = row.get(col) if hasattr(row, "get") else None
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
 def crosssite_of_run(row, wan_efficiency: float | None = None):
@@ -530,6 +545,12 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
     if not pd.isna(row["wan_rtt_ms"]):
         lat = 0.5 * float(row["wan_rtt_ms"]) * 1e-3
     window = math.inf if pd.isna(row["tcp_window_bytes"]) else float(row["tcp_window_bytes"])
+    knobs = {}
+    if _extra(row, "recompute_modules") is not None:
+        knobs["recompute_modules"] = str(row["recompute_modules"])
+    if _extra(row, "logit_bytes") is not None:
+        knobs["logit_bytes"] = float(row["logit_bytes"])
+    step = _extra(row, "published_inner_step_s")
     return collab.CrossSite(
         model=m,
         hardware=(hw,) * int(row["sites"]),
@@ -543,6 +564,7 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
             micro_batch_size=int(row["micro_batch_size"]),
             fused_attention=bool(row["fused_attention"]),
             dtype="bf16",
+            **knobs,
         ),
         up_bytes_per_s=(float(row["wan_up_gbps"]) * gbps,),
         down_bytes_per_s=(float(row["wan_down_gbps"]) * gbps,),
@@ -555,6 +577,8 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
         topk_fraction=0.01 if pd.isna(row["topk_fraction"]) else float(row["topk_fraction"]),
         server_bytes_per_s=None if pd.isna(row["server_gbps"]) else row["server_gbps"] * gbps,
         tcp_window_bytes=window,
+        window_s=float(_extra(row, "window_s") or 0.0),
+        inner_step_s=None if step is None else (float(step),),
     )
 
 
@@ -585,10 +609,10 @@ class _RunModel:
 
     def predict(self, eff: float | None) -> dict[str, float]:
         r = self.round(self.preset_efficiency if eff is None else eff)
-        inner = float(self.res.estimates[0].step_time_s)
+        inner = collab.inner_step_times(self.cs, self.res.estimates)[0]
         return {
             "inner_step_s": inner,
-            "round_compute_s": inner * self.h,
+            "round_compute_s": float(r.compute_s[0]),
             "sync_s": float(r.sync_s),
             "compute_utilization_pct": float(r.compute_utilization_pct),
             "mfu_pct": 100.0 * float(self.res.estimates[0].breakdown.mfu),

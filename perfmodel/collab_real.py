@@ -66,6 +66,10 @@ class CrossSite:
         (``None``: the fastest site's).
       tcp_window_bytes: bytes a WAN link keeps in flight (its TCP window); caps a link at
         ``window / RTT`` (``inf``: no cap).
+      window_s: the round's fixed length set by the protocol (seconds; ``0``: none), e.g.
+        Templar's ``blocks_per_window`` × 12 s chain blocks.
+      inner_step_s: a measured inner-step time per site (seconds) that replaces the step model's
+        (``None``: :func:`perfmodel.estimate`'s).
     """
 
     model: Model
@@ -90,6 +94,8 @@ class CrossSite:
     topk_fraction: float = 0.01
     server_bytes_per_s: float | None = None
     tcp_window_bytes: float = math.inf
+    window_s: float = 0.0
+    inner_step_s: tuple | None = None
 
     @property
     def num_sites(self) -> int:
@@ -117,7 +123,7 @@ def check_round(cs: CrossSite) -> str:
     Raises:
       AisimError: naming the field (``mode``, ``topology``, ``compression``, ``fragments``,
         ``wan_efficiency``, ``churn_rate``, ``deadline_s``, ``topk_fraction``,
-        ``tcp_window_bytes``).
+        ``tcp_window_bytes``, ``window_s``, ``inner_step_s``).
     """
     if cs.mode not in ROUND_MODES:
         modes = ", ".join((*ROUND_MODES, "pipeline"))
@@ -134,6 +140,7 @@ def check_round(cs: CrossSite) -> str:
         ("churn_rate", cs.churn_rate, lambda x: 0 <= x <= 1, "a fraction in [0, 1]"),
         ("deadline_s", cs.deadline_s, lambda x: x >= 0, "seconds >= 0 (0: no deadline)"),
         ("topk_fraction", cs.topk_fraction, lambda x: 0 < x <= 1, "a fraction in (0, 1]"),
+        ("window_s", cs.window_s, lambda x: x >= 0, "seconds >= 0 (0: no fixed window)"),
     )
     for field, v, ok, expected in checks:
         if not (isinstance(v, int | float) and math.isfinite(v) and ok(v)):
@@ -141,7 +148,19 @@ def check_round(cs: CrossSite) -> str:
     w = cs.tcp_window_bytes
     if isinstance(w, bool) or not (isinstance(w, int | float) and w > 0):
         raise bad_value(None, "tcp_window_bytes", w, "a positive number of bytes (inf: no cap)")
+    if cs.inner_step_s is not None:
+        for v in cs.per_site("inner_step_s"):
+            if isinstance(v, bool) or not (isinstance(v, int | float) and 0 < v < math.inf):
+                raise bad_value(None, "inner_step_s", v, "positive seconds per inner step")
     return comp
+
+
+def inner_step_times(cs: CrossSite, ests: list[Estimate]) -> list[float]:
+    """Each site's inner-step seconds: the measured ``inner_step_s`` where given, else the step
+    model's."""
+    if cs.inner_step_s is None:
+        return [float(e.step_time_s) for e in ests]
+    return [float(v) for v in cs.per_site("inner_step_s")]
 
 
 def site_estimates(cs: CrossSite) -> list[Estimate]:
@@ -179,7 +198,7 @@ def site_rates(cs: CrossSite, ests: list[Estimate], bandwidth: float | None = No
     seq = float(cs.model.spec.seq_len) if cs.model.spec.kind == "transformer" else 1.0
     batches = cs.per_site("batch_size")
     return SiteRate(
-        inner_step_s=np.array([e.step_time_s for e in ests], f),
+        inner_step_s=np.array(inner_step_times(cs, ests), f),
         devices=np.array(cs.per_site("devices"), f),
         peak_flops_per_s=np.array([_peak(e) for e in ests], f),
         mfu=np.array([float(e.breakdown.mfu) for e in ests], f),
@@ -217,6 +236,7 @@ def make_round(cs: CrossSite, params: float, local_steps: float, bandwidths) -> 
         topk_fraction=jnp.asarray(cs.topk_fraction, f),
         server_bytes_per_s=jnp.asarray(server, f),
         tcp_window_bytes=jnp.asarray(float(cs.tcp_window_bytes), f),
+        window_s=jnp.asarray(float(cs.window_s), f),
         mode=cs.mode,
         topology=cs.topology,
         compression=comp,
@@ -285,7 +305,7 @@ def cross_site_frame(cs: CrossSite, res: CrossSiteResult, tokens: float | None =
     r = jax_to_np(res.rounds)
     dev = np.array(cs.per_site("devices"), np.float64)
     w = dev / dev.sum()
-    inner = np.array([e.step_time_s for e in res.estimates])
+    inner = np.array(inner_step_times(cs, res.estimates))
     df = pd.DataFrame(
         {
             "mode": cs.mode,
@@ -314,7 +334,7 @@ def cross_site_frame(cs: CrossSite, res: CrossSiteResult, tokens: float | None =
     names = {"compute_utilization_pct": "compute_share_pct"}
     cols: dict[str, Any] = {}
     for i, e in enumerate(res.estimates):
-        cols[f"site{i + 1}_inner_step_s"] = e.step_time_s
+        cols[f"site{i + 1}_inner_step_s"] = inner[i]
         cols[f"site{i + 1}_memory_gib"] = e.to_dict()["memory"]["total_bytes"] / 2.0**30
         cols[f"site{i + 1}_fits_memory"] = bool(e.breakdown.fits_memory)
         for k in SITE_COLUMNS:
@@ -345,6 +365,8 @@ def pipeline_frame(cs: CrossSite, bandwidths=None, tokens: float | None = None):
     import pandas as pd
 
     check_round(dataclasses.replace(cs, mode="diloco"))
+    if cs.window_s > 0:
+        raise bad_value(None, "window_s", cs.window_s, "0 in pipeline mode (a round is one step)")
     hws, devs = cs.per_site("hardware"), cs.per_site("devices")
     if len({h.name for h in hws}) > 1:
         raise bad_value(None, "client_hardware", ",".join(h.name for h in hws), "one preset")

@@ -25,7 +25,10 @@ inside a continent at the same line rate.
 ``overlap`` lets the sync of one round run under the next round's inner steps (one-step delayed
 outer update); INTELLECT-1 and OpenDiLoCo ran it blocking. ``churn_rate`` sites of every
 ``1/churn_rate`` rounds are replaced, and a newcomer's state download delays the round;
-``deadline_s`` > 0 drops the sites whose inner steps take longer.
+``deadline_s`` > 0 drops the sites whose inner steps take longer. ``window_s`` > 0 fixes the round's
+length, as a protocol clocked by a chain does (Templar/Covenant: a window of blocks): each site
+first waits for the exchange of the previous round (the exposed sync), then runs inner steps until
+it has done H or the window ends, and idles for the rest.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class WanRound:
       server_bytes_per_s: the parameter server's line rate (``server`` topology).
       tcp_window_bytes: bytes a link keeps in flight (its TCP connections' window together);
         caps the link at ``window / RTT`` (``inf``: no cap, the line rate alone).
+      window_s: the round's fixed length in seconds, set by the protocol and not by the sites
+        (``0``: the round lasts as long as its work).
     """
 
     params: Float[Array, ""]
@@ -104,6 +109,7 @@ class WanRound:
     topk_fraction: Float[Array, ""]
     server_bytes_per_s: Float[Array, ""]
     tcp_window_bytes: Float[Array, ""]
+    window_s: Float[Array, ""] = 0.0
     mode: str = jax.tree.static(default="diloco")
     topology: str = jax.tree.static(default="ring")
     compression: str = jax.tree.static(default="fp32")
@@ -213,6 +219,13 @@ def cross_site_round(s: SiteRate, r: WanRound) -> CrossSiteRound:
     ``state_bytes`` at its (window-capped) line rate before joining; the expected delay per round is
     ``min(1, churn_rate · n) · (α + state/β)``.
 
+    ``window_s`` > 0 (a protocol's fixed window, e.g. Templar's ``blocks_per_window`` × 12 s
+    blocks): the round lasts ``max(window, exposed)`` where ``exposed`` is the exchange the inner
+    steps wait for (sync and serialisation not hidden, and churn); a site's inner steps run in
+    what is left, ``min(H · inner_step_s, window − exposed)`` (its inner loop stops when the window
+    ends, as Templar's miner does), and it idles for the rest of the window. Tokens count the inner
+    steps done.
+
     Args:
       s: a :class:`SiteRate` stack with leading axis ``sites``.
       r: the :class:`WanRound` (mode, topology, compression, overlap and their numbers).
@@ -251,8 +264,14 @@ def cross_site_round(s: SiteRate, r: WanRound) -> CrossSiteRound:
         jnp.max(s.latency_s) + r.state_bytes / slowest_down
     )
     churn = jnp.where(r.churn_rate > 0, churn, 0.0)
-    round_s = cmax + comm + ser + churn
-    compute_i = compute * live
+    exposed = comm + ser + churn
+    windowed = r.window_s > 0
+    # a fixed window: the inner steps get what the exchange leaves, and stop at the window's end
+    budget = jnp.maximum(r.window_s - exposed, 0.0)
+    done = jnp.where(windowed, jnp.minimum(compute, budget), compute)
+    round_s = jnp.where(windowed, jnp.maximum(r.window_s, exposed), cmax + exposed)
+    compute_i = done * live
+    steps_done = jnp.where(windowed, done / s.inner_step_s, steps)
     comm_i = (comm + churn) * live
     ser_i = ser * live
     # waiting for the slowest site; float32 rounding can leave -1e-6 s where there is none
@@ -281,7 +300,7 @@ def cross_site_round(s: SiteRate, r: WanRound) -> CrossSiteRound:
         sync_s=sync_total,
         churn_s=churn,
         payload_bytes=payload,
-        tokens_per_round=jnp.sum(live * steps * s.tokens_per_step),
+        tokens_per_round=jnp.sum(live * steps_done * s.tokens_per_step),
         compute_utilization_pct=100.0 * util,
         overall_mfu=overall_mfu,
     )

@@ -117,3 +117,36 @@ def test_a_table_without_a_fit_row_is_refused(tmp_path):
     bad.write_text(text.replace(",fit,", ",heldout,"))
     with pytest.raises(AisimError, match="role"):
         load_crosssite_runs(bad)
+
+
+def test_covenant_runs_in_templars_fixed_window_by_hand(validation):
+    # Templar's miner: a 115-block window of 12 s blocks; each peer uploads its payload (a uint8
+    # value and a 12-bit index per kept entry, 64 of every 4096) and downloads the 20 gathered
+    # payloads after the window, then runs its 30 inner steps (40 s each, the published 20
+    # minutes) in what the exchange leaves of the next window
+    row = load_crosssite_runs().set_index("run").loc["covenant72b"].copy()
+    row["run"] = "covenant72b"
+    assert row["window_s"] == 115 * 12
+    assert row["topk_fraction"] * collab.PAYLOAD_BYTES["topk"] == pytest.approx(64 / 4096 * 2.5)
+    cs = crosssite_of_run(row, wan_efficiency=validation.fitted_wan_efficiency)
+    params = float(collab.evaluate(cs, (30,)).estimates[0].to_dict()["params"])
+    payload = params * 64 / 4096 * 2.5
+    rate = 1.024e9 / 8 * validation.fitted_wan_efficiency
+    lat = cs.latency_s[0]
+    exchange = (lat + payload / rate) + (lat + 20 * payload / rate)
+    compute = min(30 * 40.0, 1380.0 - exchange)
+    t = validation.table.set_index("run")
+    assert t.loc["covenant72b", "fitted_sync_s"] == pytest.approx(exchange, rel=1e-4)
+    assert t.loc["covenant72b", "predicted_round_compute_s"] <= 1200.0
+    assert t.loc["covenant72b", "fitted_pct"] == pytest.approx(100 * compute / 1380.0, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "old, new, field", [(",1380,40,", ",-1380,40,", "window_s"), (",1380,40,", ",1380,0,", "step")]
+)
+def test_a_bad_window_or_published_step_is_refused(tmp_path, old, new, field):
+    text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
+    bad = tmp_path / "runs.csv"
+    bad.write_text(text.replace(old, new))
+    with pytest.raises(AisimError, match=field):
+        load_crosssite_runs(bad)

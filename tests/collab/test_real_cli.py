@@ -129,6 +129,7 @@ def test_the_h_by_bandwidth_table_csv_and_figure(tmp_path):
         (["--churn", "1.5"], "--churn"),
         (["--tcp-window", "0MiB"], "--tcp-window"),
         (["--tcp-window", "lots"], "--tcp-window"),
+        (["--round-window", "-60"], "--round-window"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(args, flag):
@@ -150,6 +151,23 @@ def test_the_tcp_window_caps_the_link_at_window_over_round_trip():
     payload = free["payload_bytes"]
     assert capped["sync_s"] == pytest.approx(4 * 0.05 + 4 / 3 * payload / 40e6, rel=1e-4)
     assert free["sync_s"] == pytest.approx(4 * 0.05 + 4 / 3 * payload / 1.25e9, rel=1e-4)
+
+
+def test_a_round_window_fixes_the_round_and_cuts_the_inner_steps_at_its_end():
+    args = ["collab", "sweep", "--model", "gpt3-125m", "--clients", "3", "--devices", "8"]
+    args += ["--local-steps", "10", "--compression", "bf16", "--wan-bandwidth", "1Gbps"]
+    free_doc = _json(*args)
+    free, step = free_doc["rows"][0], free_doc["inner_step_s"]
+    # a window 10 s longer than the work: the round is the window, the steps all run
+    roomy = _json(*args, "--round-window", str(free["round_s"] + 10))
+    assert roomy["setting"]["round_window_s"] == pytest.approx(free["round_s"] + 10)
+    row = roomy["rows"][0]
+    assert row["round_s"] == pytest.approx(free["round_s"] + 10, rel=1e-6)
+    assert row["compute_utilization_pct"] == pytest.approx(100 * 10 * step / row["round_s"])
+    assert row["tokens_per_round"] == pytest.approx(free["tokens_per_round"], rel=1e-6)
+    # a window of sync + 5 steps: the sites stop after 5 of their 10 steps
+    short = _json(*args, "--round-window", str(free["sync_s"] + 5 * step))["rows"][0]
+    assert short["tokens_per_round"] == pytest.approx(free["tokens_per_round"] / 2, rel=1e-4)
 
 
 def test_pipeline_across_sites_sends_activations_over_the_wan():

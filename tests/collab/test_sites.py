@@ -203,3 +203,29 @@ def test_the_fitted_wan_efficiency_is_differentiable():
 
     g = jax.grad(util)(jnp.asarray(0.5, jnp.float32))
     assert math.isfinite(float(g)) and float(g) > 0
+
+
+def test_a_fixed_window_sets_the_round_and_the_inner_steps_get_what_the_exchange_leaves():
+    # 3 sites, 100 inner steps of 20 s = 2000 s of compute; an int8 ring sync of `hand` seconds
+    payload = 1e9 * PAYLOAD_BYTES["int8"]
+    hand = 2 * 2 * 0.05 + 2 * 2 / 3 * payload / GBPS
+    # a 2500 s window holds the sync and all the steps: the round is the window, the rest idle
+    r = cross_site_round(sites(3), wan(compression="int8", window_s=2500.0))
+    assert float(r.round_s) == pytest.approx(2500.0)
+    np.testing.assert_allclose(r.compute_s, 2000.0, rtol=1e-6)
+    np.testing.assert_allclose(r.idle_s, 2500.0 - 2000.0 - hand, rtol=1e-5)
+    assert float(r.compute_utilization_pct) == pytest.approx(80.0, rel=1e-6)
+    assert float(r.tokens_per_round) == pytest.approx(3 * 100 * 1e6, rel=1e-6)
+    # a 2000 s window: the steps run in 2000 - sync and stop at its end (fewer tokens, no idle)
+    w = cross_site_round(sites(3), wan(compression="int8", window_s=2000.0))
+    assert float(w.round_s) == pytest.approx(2000.0)
+    np.testing.assert_allclose(w.compute_s, 2000.0 - hand, rtol=1e-5)
+    np.testing.assert_allclose(w.idle_s, 0.0, atol=1e-3)
+    assert float(w.tokens_per_round) == pytest.approx(3 * (2000.0 - hand) / 20.0 * 1e6, rel=1e-5)
+    # an exchange longer than the window: the round is the exchange and nothing is computed
+    x = cross_site_round(sites(3), wan(compression="int8", window_s=0.5 * hand))
+    assert float(x.round_s) == pytest.approx(hand, rel=1e-6)
+    assert float(x.compute_utilization_pct) == 0.0
+    # no window (0): the round is compute + sync, as before
+    free = cross_site_round(sites(3), wan(compression="int8"))
+    assert float(free.round_s) == pytest.approx(2000.0 + hand, rel=1e-6)
