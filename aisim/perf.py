@@ -14,6 +14,7 @@ from aisim.perf_knobs import FLAGS as KNOB_FLAGS
 from aisim.perf_knobs import (
     CpCommOpt,
     CpOpt,
+    EagerOpt,
     EpOpt,
     EtpOpt,
     FsdpStepGatherOpt,
@@ -259,6 +260,7 @@ def estimate(
     recompute_modules: RecomputeModulesOpt = "",
     param_remainders: ParamRemaindersOpt = False,
     logit_bytes: LogitBytesOpt = 4.0,
+    eager: EagerOpt = False,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
     tokens: TokensOpt = None,
@@ -321,6 +323,7 @@ def estimate(
                 recompute_modules=recompute_modules,
                 param_remainders=param_remainders,
                 logit_bytes=logit_bytes,
+                eager=eager,
             ),
         )
         if json_out:

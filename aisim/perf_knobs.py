@@ -140,6 +140,15 @@ LogitBytesOpt = Annotated[
     ),
 ]
 
+EagerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--eager/--no-eager",
+        help="PyTorch eager mode (no torch.compile): norms, RoPE, SwiGLU and residual adds as "
+        "separate kernels with fp32 upcasts, more memory traffic than fused kernels.",
+    ),
+]
+
 
 def grad_reduce_fp32(word: str) -> bool | None:
     """``--grad-reduce-dtype``'s word as ``grad_reduce_fp32`` (``None``: the dtype's default)."""
@@ -167,6 +176,7 @@ def estimate_knobs(
     recompute_modules: str = "",
     param_remainders: bool = False,
     logit_bytes: float = 4.0,
+    eager: bool = False,
 ) -> dict[str, Any]:
     """One value of each option as :func:`perfmodel.estimate`'s knobs (validated there)."""
     return dict(
@@ -186,6 +196,7 @@ def estimate_knobs(
         recompute_modules=recompute_modules,
         param_remainders=param_remainders,
         logit_bytes=logit_bytes,
+        eager=eager,
     )
 
 

@@ -48,6 +48,9 @@ Strategy assumptions where a row is blank (each a documented default of the fram
 - torchtitan: its loss holds 12 bytes per logit (an unfused fp32 cross-entropy:
   ``logit_bytes``), and with pipelining FSDP keeps each stage's parameters gathered and its
   gradients unreduced across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``);
+- ``eager`` blank: the elementwise ops are fused (Megatron's fused kernels, torchtitan's
+  ``torch.compile``); 1 for torchtitan rows run without ``torch.compile`` (PyTorch eager mode's
+  separate kernels, :mod:`perfmodel.eager`);
 - torchtitan "Interleaved 1F1B" with unpublished virtual stages: 2 chunks per rank (its default
   for the interleaved schedule when the stage count is not set).
 """
@@ -317,6 +320,9 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         # parameters and gradients unsharded until the last microbatch's backward
         fsdp_reshard=not (fw == "torchtitan" and pp > 1 and zero == 3),
         fsdp_step_gather=fw == "torchtitan" and pp > 1 and zero == 3,
+        # the ``eager`` column: PyTorch eager mode without torch.compile (torchtitan's
+        # ``compile = false``), its norms, RoPE, SwiGLU and residual adds unfused
+        eager=_int(row, "eager", 0) == 1,
     )
 
 

@@ -266,6 +266,7 @@ def strategy_from_knobs(
     recompute_modules: object = 0,
     logit_bytes: float = 4.0,
     fsdp_step_gather: bool = False,
+    eager: bool = False,
     num_experts: int = 0,
     seq_len: int | None = None,
 ) -> Strategy:
@@ -317,6 +318,8 @@ def strategy_from_knobs(
         cross-entropy; 12: an unfused fp32 one), more than 0.
       fsdp_step_gather: ZeRO-3 keeps parameters gathered and gradients unreduced across the
         step's microbatches (one all-gather and reduce-scatter per step); needs zero_stage 3.
+      eager: the elementwise ops run as PyTorch eager mode's separate kernels
+        (:mod:`perfmodel.eager`); off: fused (Megatron-Core, ``torch.compile``).
       grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
         (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
       moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.
@@ -415,4 +418,5 @@ def strategy_from_knobs(
         recompute_modules=modules,
         logit_bytes=logit_bytes,
         fsdp_step_gather=fsdp_step_gather,
+        eager=eager,
     )

@@ -71,6 +71,7 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
         "fsdp_reshard",
         "param_remainders",
         "fsdp_step_gather",
+        "eager",
     ):
         out[k] = cols[k].astype(bool)
     out["logit_bytes"] = cols["logit_bytes"].astype(np.float64)
@@ -153,6 +154,7 @@ def row_to_result(row: pd.Series | dict) -> dict:
         "recompute_modules",
         "logit_bytes",
         "fsdp_step_gather",
+        "eager",
     ):
         if k in r:
             doc[k] = _py(r[k])

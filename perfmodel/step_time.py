@@ -28,6 +28,7 @@ from perfmodel.breakdown import BREAKDOWN_TERMS as BREAKDOWN_TERMS  # part of th
 from perfmodel.breakdown import StepBreakdown
 from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
+from perfmodel.eager import eager_elementwise_bytes
 from perfmodel.hardware import HardwareSpec
 from perfmodel.memory import (
     end_stage_layers,
@@ -43,6 +44,7 @@ from perfmodel.recompute import redone_ops
 from perfmodel.roofline import op_time_s
 from perfmodel.strategy import ACT_BYTES, Strategy
 from perfmodel.workload import (
+    LayerOps,
     ModelSpec,
     OpClass,
     attention_shape,
@@ -256,6 +258,24 @@ def _fp8_casts(m: ModelSpec, s: Strategy, ops, moe_ops, moe_layer: bool) -> tupl
     )
 
 
+def _with_eager(m: ModelSpec, s: Strategy, ops: LayerOps, act_b) -> LayerOps:
+    """The layer's kernels with PyTorch eager mode's unfused elementwise traffic when
+    ``s.eager`` (:mod:`perfmodel.eager`; the same FLOPs, more bytes and kernels)."""
+    if m.kind != "transformer":
+        return ops
+    nbytes, kernels = eager_elementwise_bytes(
+        m, s.micro_batch_size, s.tp, s.sequence_parallel, act_b, s.cp
+    )
+    eager = s.eager > 0
+    ew = ops.elementwise
+    ew = dataclasses.replace(
+        ew,
+        bytes=jnp.where(eager, nbytes, ew.bytes),
+        kernels=jnp.where(eager, kernels, ew.kernels),
+    )
+    return dataclasses.replace(ops, elementwise=ew)
+
+
 def _compute_terms(
     m: ModelSpec, s: Strategy, c: Constants, t, prec: _Precision, modes: _Modes
 ) -> _StageCompute:
@@ -271,7 +291,12 @@ def _compute_terms(
     (:func:`perfmodel.memory.end_stage_layers`)."""
     b, tp, act_b = s.micro_batch_size, s.tp, prec.act_bytes
     full, selective, fused = modes.full, modes.selective, modes.fused
-    ops = layer_forward_ops(m, b, tp, s.sequence_parallel, act_b, s.fused_attention, s.cp)
+    ops = _with_eager(
+        m,
+        s,
+        layer_forward_ops(m, b, tp, s.sequence_parallel, act_b, s.fused_attention, s.cp),
+        act_b,
+    )
     attn_classes = (ops.qkv, ops.attention, ops.softmax, ops.proj, ops.elementwise)
     # a fused kernel's backward recomputes Q·Kᵀ: half of the attention's forward again
     fa_redo = dataclasses.replace(_scaled(ops.attention, 0.5), kernels=jnp.zeros(()))

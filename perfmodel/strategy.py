@@ -63,6 +63,7 @@ KNOBS = (
     "recompute_modules",
     "logit_bytes",
     "fsdp_step_gather",
+    "eager",
 )
 # what a knob left out means: the dense, 2022-style strategy (tables built before a knob existed
 # stay valid); ``grad_reduce_fp32`` has no single default (see :func:`default_grad_reduce_fp32`)
@@ -82,6 +83,7 @@ KNOB_DEFAULTS = {
     "recompute_modules": 0.0,
     "logit_bytes": 4.0,
     "fsdp_step_gather": 0.0,
+    "eager": 0.0,
 }
 
 
@@ -140,6 +142,9 @@ class Strategy:
         unreduced across the microbatches of a step (PyTorch pipelining's no-sync for FSDP2
         stages: one all-gather and one reduce-scatter per step, the stage's unsharded weights
         and gradients held throughout).
+      eager: 1 when the norms, rotary embedding, activation and residual adds run as PyTorch
+        eager mode's separate kernels with fp32 upcasts (:mod:`perfmodel.eager`), 0 when they
+        are fused (Megatron-Core's fused kernels, or ``torch.compile``).
     """
 
     dp: Float[Array, "*n"]
@@ -172,6 +177,7 @@ class Strategy:
     recompute_modules: Float[Array, "*n"]
     logit_bytes: Float[Array, "*n"]
     fsdp_step_gather: Float[Array, "*n"]
+    eager: Float[Array, "*n"]
 
     @property
     def global_batch(self):
@@ -223,6 +229,7 @@ def make_strategy(
     recompute_modules: object = 0,
     logit_bytes: float = 4.0,
     fsdp_step_gather: bool = False,
+    eager: bool = False,
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values, without validation (see
     :func:`perfmodel.knobs.strategy_from_knobs` for user input).
@@ -261,6 +268,7 @@ def make_strategy(
         comma-separated string) or their code.
       logit_bytes: bytes per logit held at the loss's peak (4: fused fp32 softmax).
       fsdp_step_gather: FSDP gathers and reduce-scatters once per step, not per microbatch.
+      eager: PyTorch eager mode's unfused elementwise kernels (no ``torch.compile``).
 
     Returns:
       A :class:`Strategy` with scalar float32 leaves.
@@ -302,6 +310,7 @@ def make_strategy(
         recompute_modules=RecomputeModule.parse(recompute_modules, "recompute_modules"),
         logit_bytes=logit_bytes,
         fsdp_step_gather=float(bool(fsdp_step_gather)),
+        eager=float(bool(eager)),
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
@@ -363,4 +372,5 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "recompute_modules": RecomputeModule.label_of(v["recompute_modules"]),
         "logit_bytes": v["logit_bytes"],
         "fsdp_step_gather": bool(v["fsdp_step_gather"]),
+        "eager": bool(v["eager"]),
     }

@@ -233,7 +233,7 @@ def test_no_measured_run_is_predicted_infeasible(evaluated):
 
 
 @pytest.mark.parametrize(
-    ("name", "bound"), [("megatron-core-h100", 8.0), ("pytorch-fsdp-h100", 9.0)]
+    ("name", "bound"), [("megatron-core-h100", 8.0), ("pytorch-fsdp-h100", 8.0)]
 )
 def test_shipped_stack_profiles_loo_error(name, bound):
     path = stack_profile_path(name)
