@@ -657,21 +657,21 @@ def validate(
             "fitted_error_pp": "err pp",
             "published_sync_s": "pub sync s",
             "fitted_sync_s": "fit sync s",
-            "published_round_compute_s": "pub H steps s",
-            "predicted_round_compute_s": "H steps s",
+            "published_round_compute_s": "pub compute s",
+            "predicted_round_compute_s": "fit compute s",
         }
         console.print(
             rich_table(
                 v.table[list(cols)].rename(columns=cols),
                 title="aisim collab validate: compute utilisation of published cross-site runs",
                 float_fmt="{:.1f}",
-                drop=["pub H steps s", "H steps s", "fit sync s", "pub sync s", "uncal %"],
+                drop=["pub compute s", "fit compute s", "fit sync s", "pub sync s", "uncal %"],
                 wide=wide,
             )
         )
         console.print(
             "pub = published, uncal = the preset's WAN efficiency, fit = the one fitted; "
-            "err = fit − pub; sync and H inner steps in seconds per round",
+            "err = fit − pub; sync and compute (the inner steps done) in seconds per round",
             highlight=False,
         )
         console.print(
