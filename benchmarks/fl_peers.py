@@ -8,7 +8,11 @@ multinomial logistic regression, E = 1, B = 10, lr 0.01, 10 rounds.
 Both sides start from their own initialisation, run one untimed round (compilation), then
 ``rounds - 1`` timed rounds, and block on the final model; client updates per second are
 clients trained / timed seconds, and the test accuracy is that of the final model on the same
-360 test images.
+360 test images. On a CPU with several cores, a child process repeats aisim's run with one host
+device per core (``--xla_force_host_platform_device_count``), so that its round shards the client
+axis over the cores, as ``aisim fl run`` does under that flag (row ``aisim Nd``); FedJAX keeps
+one device (its jit backend runs one client at a time on one core; its pmap backend calls
+``jax.device_put_sharded``, which JAX has removed), and Flower runs one Ray actor per core.
 
 FedJAX (``pip install fedjax dm-haiku tabulate jmp --no-deps``; not a dependency of aisim) is
 written for older JAX: :func:`fedjax_shim` puts back the ``jax.tree_*`` aliases that JAX 0.6
@@ -30,6 +34,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,6 +107,38 @@ def run_aisim(cfg: ExperimentConfig, rounds: int) -> Result:
     dt = time.perf_counter() - t0
     _, acc = b.evaluate(state.params, *b.eval_sets[1])
     return Result("aisim", int(kept) / dt, float(acc), dt, rounds)
+
+
+def run_aisim_sharded(task: str, rounds: int) -> Result | None:
+    """:func:`run_aisim` in a child process with one host device per core (XLA's device count is
+    fixed when a process starts), or ``None`` on a one-core or non-CPU host."""
+    cores = os.cpu_count() or 1
+    if cores < 2 or jax.devices()[0].platform != "cpu":
+        return None
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={cores}")
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(list(TASKS).index(task)),
+        "--rounds",
+        str(rounds),
+    ]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or ["no output"]
+        print(f"aisim {cores}d: child process failed (exit {r.returncode}): {lines[-1]}")
+        return None
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return Result(f"aisim {cores}d", res["updates_per_s"], res["accuracy"], res["timed_s"], rounds)
+
+
+def child(task_index: int, rounds: int) -> None:
+    """The child of :func:`run_aisim_sharded`: one task's :func:`run_aisim` as a JSON line."""
+    cfg = list(TASKS.values())[task_index][0]
+    assert len(jax.devices()) > 1, "the child process should see several host devices"
+    r = run_aisim(cfg, rounds)
+    print(json.dumps(dataclasses.asdict(r)))
 
 
 def run_fedjax(cfg: ExperimentConfig, rounds: int) -> Result:
@@ -224,7 +261,11 @@ def main() -> None:
     ap.add_argument(
         "--flower-rounds", type=int, default=None, help="Flower's rounds (>= 2; default: --rounds)"
     )
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child is not None:
+        child(args.child, args.rounds)
+        return
     args.quick = args.quick or os.environ.get("AISIM_QUICK") == "1"  # the docs' smoke test
     if args.flower_rounds is not None and args.flower_rounds < 2:
         ap.error(f"--flower-rounds = {args.flower_rounds}: expected at least 2 (one untimed)")
@@ -239,11 +280,16 @@ def main() -> None:
         else:
             print(f"flower: not run, --flower-python {flower}: {why}; {FLOWER_HOWTO}")
             flower = None
+    cores = os.cpu_count() or 1
+    multi = cores > 1 and jax.devices()[0].platform == "cpu"
     head = f"{'task':<62} {'rounds':>6} {'simulator':<9} {'updates/s':>10} {'accuracy':>8} {'aisim is':>8}"
-    print(head)
+    print(head + (f" {f'aisim {cores}d is':>11}" if multi else ""))
     for name, (cfg, rounds, quick_rounds) in TASKS.items():
         rounds = args.rounds or (quick_rounds if args.quick else rounds)
         results = [run_aisim(cfg, rounds)]
+        sharded = run_aisim_sharded(name, rounds) if multi else None
+        if sharded is not None:
+            results.append(sharded)
         try:
             results.append(run_fedjax(cfg, rounds))
         except ImportError as e:
@@ -256,11 +302,13 @@ def main() -> None:
                 results.append(res)
         base = results[0].updates_per_s
         for r in results:
-            print(
+            line = (
                 f"{name:<62} {r.rounds:>6} {r.name:<9} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
-                f"{base / r.updates_per_s:>7.2f}x",
-                flush=True,
+                f"{base / r.updates_per_s:>7.2f}x"
             )
+            if sharded is not None:
+                line += f" {sharded.updates_per_s / r.updates_per_s:>10.2f}x"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Contract: :func:`arrange_cohort` sorts a :class:`fl.round.CohortPlan` by local steps (longest
 first) and pads it to :attr:`fl.round.RoundSpec.slots`; :func:`train_cohort` runs every chunk of
 :attr:`fl.round.RoundSpec.segments` (``lax.scan`` over equal chunks) and returns the
-:class:`CohortSums` that the server step needs. In a chunk, ``vmap(train_step)`` runs inside a
+:class:`CohortSums` that the server step needs. In a chunk, step 0 runs from the shared global
+model (vmapped with it unbatched), then ``vmap(train_step)`` runs inside a
 loop whose trip count is that chunk's largest step count, with masks for shorter clients; the
 client axis is sharded over the spec's ``mesh`` when one is given. Pure and jittable; called only
 from :func:`fl.round.make_round`.
@@ -90,24 +91,38 @@ def _chunk_tasks(spec: RoundSpec, state: ServerState, inputs: RoundInputs, ch, c
 
 def train_chunk(spec: RoundSpec, g, inputs: RoundInputs, hyper: Hyper, tasks, max_steps):
     """``vmap(train_step)`` over a chunk's clients for ``max_steps`` steps (shorter clients are
-    masked); returns the clients' final local states."""
-    local, c = spec.local, tasks.n.shape[0]
+    masked; step 0 from the unbatched global model, skipped when ``max_steps`` is 0); returns the
+    clients' final local states."""
+    local = spec.local
     table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, local.max_epochs), n))(
         tasks.key, tasks.n
     )
-    st0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), lu.init_state(local, g))
-    st0 = _shard(spec, st0)
     mu = hyper.mu if spec.algorithm.proximal else jnp.zeros(())
     batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
     train_all = jax.vmap(lu.train_step, in_axes=(None, 0, None, 0, 0, 0, None, None, None))
+    # Step 0 starts every client from the same global model: vmapped with the state unbatched,
+    # its forward pass is one matmul over the chunk's batches against one copy of the weights
+    # instead of a batched matmul over c broadcast copies (no broadcast is written at all).
+    first_all = jax.vmap(lu.train_step, in_axes=(None, None, None, 0, 0, 0, None, None, None))
 
     def loop(s, carry):  # the next step's batch is computed one step ahead (train_step)
         st, slots, mask = carry
         ahead = batch_all(local, s + 1, tasks, table)
         return train_all(local, st, s, tasks, slots, mask, g, mu, inputs.data), *ahead
 
-    carry0 = (st0, *batch_all(local, jnp.zeros((), jnp.int32), tasks, table))
-    st, _, _ = jax.lax.fori_loop(0, max_steps, loop, carry0)
+    zero, c = jnp.zeros((), jnp.int32), tasks.n.shape[0]
+    st0 = lu.init_state(local, g)
+
+    def first(_):
+        slots0, mask0 = batch_all(local, zero, tasks, table)
+        return first_all(local, st0, zero, tasks, slots0, mask0, g, mu, inputs.data)
+
+    def idle(_):  # a chunk where nobody trains (padding, dropped clients) skips even step 0
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (c, *x.shape)), st0)
+
+    st1 = jax.lax.cond(max_steps > 0, first, idle, None)
+    carry1 = (_shard(spec, st1), *batch_all(local, zero + 1, tasks, table))
+    st, _, _ = jax.lax.fori_loop(1, jnp.maximum(max_steps, 1), loop, carry1)
     return st
 
 

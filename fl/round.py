@@ -19,6 +19,8 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
 3. (:mod:`fl.cohort`) sorts the cohort by local steps, longest first (bucketing), and cuts it
    into the chunks of :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up
    to ``chunk``, then equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
+   step 0 is vmapped with the global model unbatched (every client starts from it, so its forward
+   pass is one matmul over the chunk's batches), then
    ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,
    with masks for shorter clients (each iteration also computes the next step's batch positions,
    carried to the next iteration, see :func:`fl.local_update.train_step`). The growing head puts

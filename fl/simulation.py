@@ -120,7 +120,12 @@ def _load_checkpoint(out_dir: Path, template):
     leaves, treedef = jax.tree.flatten(skeleton)
     stored = blob["leaves"]
     if len(stored) != len(leaves):
-        raise AisimError(f"{path}: checkpoint does not match the run's config.json", usage=False)
+        raise AisimError(
+            f"{path}: checkpoint holds {len(stored)} state arrays where this run has "
+            f"{len(leaves)}: it was written for another config.json or by an older aisim; "
+            "resume it with that version, or start in a new --out folder",
+            usage=False,
+        )
     restored = [jnp.asarray(stored[str(i)], leaves[i].dtype) for i in range(len(leaves))]
     state = _with_key(jax.tree.unflatten(treedef, restored), template)
     clock = _TrainClock(

@@ -216,6 +216,24 @@ def test_resume_equals_uninterrupted(tmp_path, cfg_factory):
     assert full.equals(resumed)
 
 
+def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(tmp_path, cfg_factory):
+    # An older aisim's checkpoint has fewer state arrays (e.g. before the simulated clock).
+    from flax import serialization
+
+    from fl.simulation import CHECKPOINT
+    from simbase.errors import AisimError
+
+    cfg = cfg_factory(rounds=3, checkpoint_every=1)
+    simulate(cfg, tmp_path, stop_after=2)
+    path = tmp_path / CHECKPOINT
+    blob = serialization.msgpack_restore(path.read_bytes())
+    n = len(blob["leaves"])
+    blob["leaves"] = {str(i): blob["leaves"][str(i)] for i in range(n - 1)}
+    path.write_bytes(serialization.msgpack_serialize(blob))
+    with pytest.raises(AisimError, match=f"holds {n - 1} state arrays where this run has {n}"):
+        simulate(cfg, tmp_path, resume=True)
+
+
 def test_works_under_rank_promotion_raise(build_factory):
     assert jax.config.jax_numpy_rank_promotion == "raise"
     b = build_factory(algorithm="scaffold")
