@@ -217,6 +217,13 @@ RoundWindowOpt = Annotated[
         "sites idle for what is left (default 0: the round lasts as long as its work)."
     ),
 ]
+InnerStepOpt = Annotated[
+    str | None,
+    _opt(
+        help="--model: measured seconds per inner step, one value or one per site, replacing the "
+        "step model's (default: perfmodel's step time)."
+    ),
+]
 ServerBwOpt = Annotated[
     str | None,
     _opt(help="--model, server topology: the server's line rate (default: the fastest site's)."),
@@ -242,6 +249,7 @@ REAL_FLAGS = (
         latency="--wan-latency-ms",
         tcp_window_bytes="--tcp-window",
         window_s="--round-window",
+        inner_step_s="--inner-step-time",
         model_file="--model",
     )
     | KNOB_FLAGS
@@ -429,6 +437,7 @@ def sweep(
     server_bandwidth: ServerBwOpt = None,
     tcp_window: TcpWindowOpt = None,
     round_window: RoundWindowOpt = 0.0,
+    inner_step_time: InnerStepOpt = None,
     tokens: TokensOpt = None,
     rounds: Annotated[float, _opt(help="Rounds of the task (total = rounds x round time).")] = 1.0,
     profile: Profile = None,

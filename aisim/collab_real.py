@@ -3,6 +3,7 @@ perfmodel's step function (:mod:`perfmodel.collab_real`): the command's options 
 setup, its table, JSON, per-site records and the H x bandwidth trade-off figure.
 """
 
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -168,6 +169,11 @@ def build_cross_site(o: dict):
         tcp_window_bytes=window,
         window_s=o["round_window"],
     )
+    if o["inner_step_time"] is not None:
+        step_s = _seconds(o["inner_step_time"], "inner_step_s")
+        if len(step_s) not in (1, clients):
+            raise bad_value(None, "inner_step_s", o["inner_step_time"], f"1 value or {clients}")
+        cs = dataclasses.replace(cs, inner_step_s=step_s)
     steps = parse_counts(o["local_steps"] or "100", "local_steps")
     tokens = None
     if o["tokens"] is not None:
@@ -178,6 +184,17 @@ def build_cross_site(o: dict):
         if not tokens > 0:
             raise bad_value(None, "tokens", o["tokens"], "a positive token count like 1T")
     return cs, steps, (None if own else rates), tokens
+
+
+def _seconds(text: str, field: str) -> tuple[float, ...]:
+    """Comma-separated positive seconds, e.g. ``40`` or ``40,35``."""
+    try:
+        vals = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        vals = (-1.0,)
+    if not all(math.isfinite(v) and v > 0 for v in vals):
+        raise bad_value(None, field, text, "positive seconds, one value or one per client")
+    return vals
 
 
 def sweep_real(o: dict) -> None:

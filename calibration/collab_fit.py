@@ -615,7 +615,7 @@ class _RunModel:
             "round_compute_s": float(r.compute_s[0]),
             "sync_s": float(r.sync_s),
             "compute_utilization_pct": float(r.compute_utilization_pct),
-            "mfu_pct": 100.0 * float(self.res.estimates[0].breakdown.mfu),
+            "mfu_pct": 100.0 * float(self.sites.mfu[0]),
         }
 
 

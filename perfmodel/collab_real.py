@@ -197,11 +197,16 @@ def site_rates(cs: CrossSite, ests: list[Estimate], bandwidth: float | None = No
             raise bad_value(f"site{i + 1}", "latency", v, "a non-negative number of seconds")
     seq = float(cs.model.spec.seq_len) if cs.model.spec.kind == "transformer" else 1.0
     batches = cs.per_site("batch_size")
+    steps = inner_step_times(cs, ests)
+    # the model's FLOPs over a measured step: MFU scales as the step model's time / the measured
+    mfu = [
+        float(e.breakdown.mfu) * float(e.step_time_s) / t for e, t in zip(ests, steps, strict=True)
+    ]
     return SiteRate(
-        inner_step_s=np.array(inner_step_times(cs, ests), f),
+        inner_step_s=np.array(steps, f),
         devices=np.array(cs.per_site("devices"), f),
         peak_flops_per_s=np.array([_peak(e) for e in ests], f),
-        mfu=np.array([float(e.breakdown.mfu) for e in ests], f),
+        mfu=np.array(mfu, f),
         tokens_per_step=np.array([b * seq for b in batches], f),
         up_bytes_per_s=np.array(up, f),
         down_bytes_per_s=np.array(down, f),

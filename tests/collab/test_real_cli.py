@@ -130,6 +130,8 @@ def test_the_h_by_bandwidth_table_csv_and_figure(tmp_path):
         (["--tcp-window", "0MiB"], "--tcp-window"),
         (["--tcp-window", "lots"], "--tcp-window"),
         (["--round-window", "-60"], "--round-window"),
+        (["--inner-step-time", "0"], "--inner-step-time"),
+        (["--clients", "3", "--inner-step-time", "1,2"], "--inner-step-time"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(args, flag):
@@ -168,6 +170,24 @@ def test_a_round_window_fixes_the_round_and_cuts_the_inner_steps_at_its_end():
     # a window of sync + 5 steps: the sites stop after 5 of their 10 steps
     short = _json(*args, "--round-window", str(free["sync_s"] + 5 * step))["rows"][0]
     assert short["tokens_per_round"] == pytest.approx(free["tokens_per_round"] / 2, rel=1e-4)
+
+
+def test_a_measured_inner_step_replaces_the_step_models_and_scales_the_mfu():
+    args = ["collab", "sweep", "--model", "gpt3-125m", "--clients", "2", "--devices", "8"]
+    args += ["--local-steps", "10", "--compression", "bf16", "--wan-bandwidth", "1Gbps"]
+    model_doc = _json(*args)
+    model, step = model_doc["rows"][0], model_doc["inner_step_s"]
+    doc = _json(*args, "--inner-step-time", "2,3")
+    row = doc["rows"][0]
+    assert [s["inner_step_s"] for s in row["sites"]] == [2.0, 3.0]
+    # the round waits for the slower site's 10 steps of 3 s, then the same sync
+    assert row["round_s"] == pytest.approx(30.0 + model["sync_s"], rel=1e-5)
+    assert row["sync_s"] == pytest.approx(model["sync_s"], rel=1e-6)
+    # the same model FLOPs over a longer step: MFU x (model step / measured step)
+    mfu_model = model["sites"][0]["mfu"] * model["round_s"] / (10 * step)
+    assert row["sites"][0]["mfu"] * row["round_s"] / 20.0 == pytest.approx(
+        mfu_model * step / 2.0, rel=1e-4
+    )
 
 
 def test_pipeline_across_sites_sends_activations_over_the_wan():
