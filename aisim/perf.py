@@ -12,6 +12,7 @@ from aisim.common import resolve_constants
 from aisim.console import console, flag_names, guard, print_json
 from aisim.perf_knobs import FLAGS as KNOB_FLAGS
 from aisim.perf_knobs import (
+    AttentionKernelOpt,
     CpCommOpt,
     CpOpt,
     EagerOpt,
@@ -261,6 +262,7 @@ def estimate(
     param_remainders: ParamRemaindersOpt = False,
     logit_bytes: LogitBytesOpt = 4.0,
     eager: EagerOpt = False,
+    attention_kernel: AttentionKernelOpt = "cudnn",
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
     tokens: TokensOpt = None,
@@ -324,6 +326,7 @@ def estimate(
                 param_remainders=param_remainders,
                 logit_bytes=logit_bytes,
                 eager=eager,
+                attention_kernel=attention_kernel,
             ),
         )
         if json_out:

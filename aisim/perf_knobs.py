@@ -148,6 +148,14 @@ EagerOpt = Annotated[
         "separate kernels with fp32 upcasts, more memory traffic than fused kernels.",
     ),
 ]
+AttentionKernelOpt = Annotated[
+    str,
+    typer.Option(
+        "--attention-kernel",
+        help="Fused attention kernel: cudnn (Transformer Engine's, what the constants describe) "
+        "or fa2 (FlashAttention-2, PyTorch SDPA's flash backend).",
+    ),
+]
 
 
 def grad_reduce_fp32(word: str) -> bool | None:
@@ -177,6 +185,7 @@ def estimate_knobs(
     param_remainders: bool = False,
     logit_bytes: float = 4.0,
     eager: bool = False,
+    attention_kernel: str = "cudnn",
 ) -> dict[str, Any]:
     """One value of each option as :func:`perfmodel.estimate`'s knobs (validated there)."""
     return dict(
@@ -197,6 +206,7 @@ def estimate_knobs(
         param_remainders=param_remainders,
         logit_bytes=logit_bytes,
         eager=eager,
+        attention_kernel=attention_kernel,
     )
 
 

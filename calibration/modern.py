@@ -51,6 +51,8 @@ Strategy assumptions where a row is blank (each a documented default of the fram
 - ``eager`` blank: the elementwise ops are fused (Megatron's fused kernels, torchtitan's
   ``torch.compile``); 1 for torchtitan rows run without ``torch.compile`` (PyTorch eager mode's
   separate kernels, :mod:`perfmodel.eager`);
+- attention kernel: FlashAttention-2 (``fa2``) for torchtitan (PyTorch SDPA's flash backend),
+  cuDNN's fused attention for the Megatron family (Transformer Engine's choice on Hopper);
 - torchtitan "Interleaved 1F1B" with unpublished virtual stages: 2 chunks per rank (its default
   for the interleaved schedule when the stage count is not set).
 """
@@ -323,6 +325,11 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         # the ``eager`` column: PyTorch eager mode without torch.compile (torchtitan's
         # ``compile = false``), its norms, RoPE, SwiGLU and residual adds unfused
         eager=_int(row, "eager", 0) == 1,
+        # torchtitan calls PyTorch's SDPA, whose flash backend is FlashAttention-2 (under CP
+        # restricted to flash/efficient: ``get_train_context`` at 9dec370; without CP flash
+        # first, ``ScaledDotProductAttention.backends`` at 2887250); Transformer Engine prefers
+        # cuDNN's fused attention on Hopper (``get_attention_backend``)
+        attention_kernel="fa2" if fw == "torchtitan" else "cudnn",
     )
 
 

@@ -14,7 +14,7 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
   :func:`stack_strategies`, :func:`strategy_to_dict`), user knobs validated by
   :func:`strategy_from_knobs`, and the named choices :class:`Schedule`, :class:`ZeroStage`,
   :class:`Recompute`, :class:`RecomputeModule`, :class:`Dtype`, :class:`MoeDispatch`,
-  :class:`CpComm`.
+  :class:`CpComm`, :class:`AttentionKernel`.
 - **The model**: :func:`step_time` -> :class:`StepBreakdown` (terms in
   :data:`BREAKDOWN_TERMS`), :func:`memory_per_device` -> :class:`MemoryBreakdown`,
   :func:`evaluate_grid` (one ``jit(vmap)``), the cost models :data:`COST_MODELS` /
@@ -37,6 +37,7 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
 from perfmodel import collab
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
 from perfmodel.choices import (
+    AttentionKernel,
     CpComm,
     Dtype,
     MoeDispatch,
@@ -109,6 +110,7 @@ __all__ = [
     "RecomputeModule",
     "MoeDispatch",
     "CpComm",
+    "AttentionKernel",
     "SCHEDULES",
     "Schedule",
     "SearchResult",

@@ -107,6 +107,16 @@ class CpComm(Choice):
     ALLGATHER = 1
 
 
+class AttentionKernel(Choice):
+    """Which fused attention kernel runs. The presets' constants describe cuDNN's fused
+    attention (Transformer Engine's choice on Hopper, what Megatron-Core and NeMo run);
+    FlashAttention-2 (PyTorch SDPA's flash backend, what torchtitan runs) is slower on some GPUs
+    by the hardware's ``fa2_attention_ratio``."""
+
+    CUDNN = 0
+    FA2 = 1
+
+
 _LABELS = {
     (Schedule, 1): "1f1b",
     (ZeroStage, 0): "0",

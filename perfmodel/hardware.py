@@ -52,6 +52,9 @@ class HardwareSpec:
     # what the runtime takes per device before the model gets any (CUDA context, NCCL buffers,
     # allocator fragmentation): a strategy fits when its bytes plus this fit the capacity
     memory_reserve_bytes: Float[Array, ""] = 0.0
+    # FlashAttention-2's attention throughput over cuDNN's fused attention on this device (the
+    # ``fa2`` attention kernel; 1 where they match or it was not measured)
+    fa2_attention_ratio: Float[Array, ""] = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +177,9 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     reserve = _number(
         where, "memory_reserve_gib", doc.get("memory_reserve_gib", 0.0), "GiB", positive=False
     )
+    fa2 = doc.get("fa2_attention_ratio", 1.0)
+    if isinstance(fa2, bool) or not isinstance(fa2, int | float) or not 0 < fa2 <= 1:
+        raise bad_value(where, "fa2_attention_ratio", fa2, "a fraction in (0, 1]")
     shared = doc.get("devices_share_host", False)
     if not isinstance(shared, bool):
         raise bad_value(where, "devices_share_host", shared, "true or false")
@@ -194,6 +200,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         price_per_device_hour_usd=jnp.asarray(math.nan if price is None else price, jnp.float32),
         devices_share_host=jnp.asarray(float(shared), jnp.float32),
         memory_reserve_bytes=jnp.asarray(reserve * units.GIB, jnp.float32),
+        fa2_attention_ratio=jnp.asarray(float(fa2), jnp.float32),
     )
     consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
     power = _number(where, "board_power_w", doc.get("board_power_w"), "watts", allow_none=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from perfmodel.choices import (
     RECOMPUTE_ALIASES,
+    AttentionKernel,
     CpComm,
     Dtype,
     MoeDispatch,
@@ -267,6 +268,7 @@ def strategy_from_knobs(
     logit_bytes: float = 4.0,
     fsdp_step_gather: bool = False,
     eager: bool = False,
+    attention_kernel: str | int = "cudnn",
     num_experts: int = 0,
     seq_len: int | None = None,
 ) -> Strategy:
@@ -320,6 +322,8 @@ def strategy_from_knobs(
         step's microbatches (one all-gather and reduce-scatter per step); needs zero_stage 3.
       eager: the elementwise ops run as PyTorch eager mode's separate kernels
         (:mod:`perfmodel.eager`); off: fused (Megatron-Core, ``torch.compile``).
+      attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` label or code
+        (``cudnn`` or ``fa2``).
       grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
         (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
       moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.
@@ -419,4 +423,5 @@ def strategy_from_knobs(
         logit_bytes=logit_bytes,
         fsdp_step_gather=fsdp_step_gather,
         eager=eager,
+        attention_kernel=AttentionKernel.parse(attention_kernel, "attention_kernel"),
     )

@@ -10,7 +10,15 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.choices import CpComm, Dtype, MoeDispatch, Recompute, RecomputeModule, Schedule
+from perfmodel.choices import (
+    AttentionKernel,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 from perfmodel.strategy import KNOBS, Strategy
 
 SCALAR_KEYS = (
@@ -80,6 +88,9 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
         cols["moe_dispatch"].astype(int)
     ]
     out["cp_comm"] = np.asarray(CpComm.labels(), dtype=object)[cols["cp_comm"].astype(int)]
+    out["attention_kernel"] = np.asarray(AttentionKernel.labels(), dtype=object)[
+        cols["attention_kernel"].astype(int)
+    ]
     out["recompute_modules"] = np.vectorize(RecomputeModule.label_of, otypes=[object])(
         cols["recompute_modules"]
     )
@@ -155,6 +166,7 @@ def row_to_result(row: pd.Series | dict) -> dict:
         "logit_bytes",
         "fsdp_step_gather",
         "eager",
+        "attention_kernel",
     ):
         if k in r:
             doc[k] = _py(r[k])

@@ -26,7 +26,7 @@ from jaxtyping import Array, Float
 from perfmodel import comm_terms as terms
 from perfmodel.breakdown import BREAKDOWN_TERMS as BREAKDOWN_TERMS  # part of this API
 from perfmodel.breakdown import StepBreakdown
-from perfmodel.choices import Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.choices import AttentionKernel, Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.constants import Constants
 from perfmodel.eager import eager_elementwise_bytes
 from perfmodel.hardware import HardwareSpec
@@ -200,12 +200,13 @@ def _modes(s: Strategy) -> _Modes:
     )
 
 
-def _timer(hw: HardwareSpec, c: Constants, prec: _Precision, fused):
+def _timer(hw: HardwareSpec, c: Constants, prec: _Precision, fused, fa2):
     """``t(op)``: an op class's seconds by its role (:attr:`~perfmodel.workload.OpClass.role`).
 
     Weight GEMMs run at the linear peak, FP8 ones at ``fp8_matmul_efficiency_ratio`` of the
     16-bit efficiency, saturating at the same time per kernel (the half-size in FLOPs scales
-    with the peak); a fused attention kernel at ``attention_efficiency_ratio`` of a GEMM's;
+    with the peak); a fused attention kernel at ``attention_efficiency_ratio`` of a GEMM's
+    (cuDNN's), and FlashAttention-2 (``fa2``) at the hardware's ``fa2_attention_ratio`` of that;
     the logits GEMM at the 16-bit peak; vector kernels at the fp32 peak.
     """
     bw = hw.memory_bandwidth_bytes_per_s
@@ -219,7 +220,8 @@ def _timer(hw: HardwareSpec, c: Constants, prec: _Precision, fused):
     attn_c = dataclasses.replace(
         c,
         matmul_efficiency_max=c.matmul_efficiency_max
-        * jnp.where(fused, c.attention_efficiency_ratio, 1.0),
+        * jnp.where(fused, c.attention_efficiency_ratio, 1.0)
+        * jnp.where(fused & fa2, hw.fa2_attention_ratio, 1.0),
     )
 
     def t(op: OpClass):
@@ -449,7 +451,7 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     """
     prec = _precision(hw, s)
     modes = _modes(s)
-    t = _timer(hw, c, prec, modes.fused)
+    t = _timer(hw, c, prec, modes.fused, s.attention_kernel == AttentionKernel.FA2)
     v, mb = modes.chunks, s.num_microbatches
     stage = _compute_terms(m, s, c, t, prec, modes)
     n_dense, n_moe = stage.dense_layers, stage.moe_layers

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float
 
 from perfmodel.choices import (
     RECOMPUTE_ALIASES,
+    AttentionKernel,
     CpComm,
     Dtype,
     MoeDispatch,
@@ -64,6 +65,7 @@ KNOBS = (
     "logit_bytes",
     "fsdp_step_gather",
     "eager",
+    "attention_kernel",
 )
 # what a knob left out means: the dense, 2022-style strategy (tables built before a knob existed
 # stay valid); ``grad_reduce_fp32`` has no single default (see :func:`default_grad_reduce_fp32`)
@@ -84,6 +86,7 @@ KNOB_DEFAULTS = {
     "logit_bytes": 4.0,
     "fsdp_step_gather": 0.0,
     "eager": 0.0,
+    "attention_kernel": 0.0,
 }
 
 
@@ -145,6 +148,9 @@ class Strategy:
       eager: 1 when the norms, rotary embedding, activation and residual adds run as PyTorch
         eager mode's separate kernels with fp32 upcasts (:mod:`perfmodel.eager`), 0 when they
         are fused (Megatron-Core's fused kernels, or ``torch.compile``).
+      attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` code: cuDNN's fused
+        attention (the constants' reference) or FlashAttention-2 (at the hardware's
+        ``fa2_attention_ratio`` of its speed).
     """
 
     dp: Float[Array, "*n"]
@@ -178,6 +184,7 @@ class Strategy:
     logit_bytes: Float[Array, "*n"]
     fsdp_step_gather: Float[Array, "*n"]
     eager: Float[Array, "*n"]
+    attention_kernel: Float[Array, "*n"]
 
     @property
     def global_batch(self):
@@ -230,6 +237,7 @@ def make_strategy(
     logit_bytes: float = 4.0,
     fsdp_step_gather: bool = False,
     eager: bool = False,
+    attention_kernel: str | int = "cudnn",
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values, without validation (see
     :func:`perfmodel.knobs.strategy_from_knobs` for user input).
@@ -269,6 +277,7 @@ def make_strategy(
       logit_bytes: bytes per logit held at the loss's peak (4: fused fp32 softmax).
       fsdp_step_gather: FSDP gathers and reduce-scatters once per step, not per microbatch.
       eager: PyTorch eager mode's unfused elementwise kernels (no ``torch.compile``).
+      attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` label or code.
 
     Returns:
       A :class:`Strategy` with scalar float32 leaves.
@@ -311,6 +320,7 @@ def make_strategy(
         logit_bytes=logit_bytes,
         fsdp_step_gather=float(bool(fsdp_step_gather)),
         eager=float(bool(eager)),
+        attention_kernel=AttentionKernel.parse(attention_kernel, "attention_kernel"),
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
@@ -373,4 +383,5 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "logit_bytes": v["logit_bytes"],
         "fsdp_step_gather": bool(v["fsdp_step_gather"]),
         "eager": bool(v["eager"]),
+        "attention_kernel": AttentionKernel(int(v["attention_kernel"])).label,
     }

@@ -3,8 +3,8 @@
 Hand values of :func:`perfmodel.eager.eager_elementwise_bytes` on a tiny Llama-style layer (each
 op of torchtitan's RMSNorm, RoPE, SwiGLU and residual adds counted with a pencil), invariants
 (eager never speeds a step up, changes no FLOP and no byte of memory, leaves an MLP alone, and
-off changes nothing bit for bit), the grid against one-by-one evaluation, and torchtitan's
-published eager/compiled twins.
+off changes nothing bit for bit), and torchtitan's published eager/compiled twins (the grid
+against one-by-one evaluation: tests/perfmodel/test_modern_attention_kernel.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from calibration.modern import MAIN_CSV, load_modern_runs, predict_run
 from perfmodel import load_hardware, make_strategy, step_time
 from perfmodel.eager import eager_elementwise_bytes
-from perfmodel.strategy import KNOBS, stack_strategies
 from perfmodel.workload import model_from_dict
 
 H100 = load_hardware("h100-sxm")
@@ -99,19 +97,6 @@ def test_eager_off_is_the_default_and_changes_nothing_bit_for_bit():
     a = STEP(m, H100.spec, H100.constants, s)
     b = STEP(m, H100.spec, H100.constants, explicit)
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(x == y), a, b))
-
-
-def test_grid_equals_one_by_one_for_eager():
-    from perfmodel.step_time import evaluate_grid
-
-    m = _m(seq_len=2048)
-    rows = [
-        make_strategy(dp=4, tp=t, eager=e, fused_attention=True) for t in (1, 2) for e in (0, 1)
-    ]
-    cols = {k: np.array([float(getattr(r, k)) for r in rows], np.float32) for k in KNOBS}
-    out = evaluate_grid(m, H100.spec, H100.constants, stack_strategies(cols))
-    one = [float(STEP(m, H100.spec, H100.constants, r).step_time_s) for r in rows]
-    np.testing.assert_allclose(np.asarray(out.step_time_s), one, rtol=1e-6)
 
 
 def test_torchtitan_eager_twins_are_read_and_separate_as_measured():
