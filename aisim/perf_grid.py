@@ -30,8 +30,10 @@ from aisim.console import (
 )
 from aisim.perf_knobs import FLAGS as KNOB_FLAGS
 from aisim.perf_knobs import (
+    GridAttentionKernelOpt,
     GridCpCommOpt,
     GridCpOpt,
+    GridEagerOpt,
     GridEpOpt,
     GridEtpOpt,
     GridGradReduceOpt,
@@ -463,6 +465,8 @@ def grid_command(
     moe_overlap: GridMoeOverlapOpt = None,
     cp_comm: GridCpCommOpt = None,
     reshard_after_forward: GridReshardOpt = None,
+    eager: GridEagerOpt = None,
+    attention_kernel: GridAttentionKernelOpt = None,
     allow_cross_node_tp: Annotated[
         bool, typer.Option("--allow-cross-node-tp", help="Let tp span nodes.")
     ] = False,
@@ -537,6 +541,8 @@ def grid_command(
             moe_overlap=moe_overlap,
             cp_comm=cp_comm,
             reshard_after_forward=reshard_after_forward,
+            eager=eager,
+            attention_kernel=attention_kernel,
         )
         models = [
             resolve_model(

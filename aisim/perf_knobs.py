@@ -265,6 +265,8 @@ def grid_knobs(
     moe_overlap: Multi = None,
     cp_comm: Multi = None,
     reshard_after_forward: Multi = None,
+    eager: Multi = None,
+    attention_kernel: Multi = None,
 ) -> dict[str, list | None]:
     """The grid's comma lists as :func:`perfmodel.sweep`'s restrictions (``None``: the
     default, see :func:`perfmodel.grid.enumerate_strategies`)."""
@@ -281,6 +283,8 @@ def grid_knobs(
         moe_overlap=on_off(moe_overlap, "moe_overlap"),
         cp_comm=split_list(cp_comm),
         fsdp_reshard=on_off(reshard_after_forward, "fsdp_reshard"),
+        eager=on_off(eager, "eager"),
+        attention_kernel=split_list(attention_kernel),
     )
 
 
@@ -355,5 +359,18 @@ GridReshardOpt = Annotated[
     typer.Option(
         "--reshard-after-forward",
         help="ZeRO-3: free gathered parameters after the forward: on, off or both (default on).",
+    ),
+]
+GridEagerOpt = Annotated[
+    Multi,
+    typer.Option(
+        "--eager",
+        help="PyTorch eager mode's unfused elementwise kernels: on, off or both (default off).",
+    ),
+]
+GridAttentionKernelOpt = Annotated[
+    Multi,
+    typer.Option(
+        "--attention-kernel", help="Fused attention kernels to try: cudnn, fa2 (default cudnn)."
     ),
 ]

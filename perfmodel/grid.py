@@ -17,6 +17,7 @@ import numpy as np
 
 from perfmodel.choices import (
     RECOMPUTE_ALIASES,
+    AttentionKernel,
     CpComm,
     Dtype,
     MoeDispatch,
@@ -396,13 +397,16 @@ def _cross_modern_switches(rows, rejected, switches):
     """TP overlap (matters only when tp > 1), the MoE dispatcher and its overlap (ep > 1: with
     ep = 1 no token leaves its rank), CP communication (cp > 1), FSDP resharding (ZeRO-3),
     fp32 gradient reduction (crossed only when asked; otherwise the dtype's default) and the
-    MoE imbalance. ``switches`` maps each knob to (values asked for or ``None``, default)."""
+    MoE imbalance, eager elementwise kernels and the attention kernel (a fused kernel only).
+    ``switches`` maps each knob to (values asked for or ``None``, default)."""
     rules = {
         "tp_overlap": lambda r: r["tp"] > 1,
         "moe_dispatch": lambda r: r["ep"] > 1,
         "moe_overlap": lambda r: r["ep"] > 1,
         "cp_comm": lambda r: r["cp"] > 1,
         "fsdp_reshard": lambda r: r["zero_stage"] == ZeroStage.PARAMETERS,
+        "eager": lambda r: np.ones(len(r["dp"]), bool),
+        "attention_kernel": lambda r: r["fused_attention"] > 0,
     }
     for name, applies in rules.items():
         values, default = switches[name]
@@ -461,6 +465,8 @@ def enumerate_strategies(
     moe_overlap: list[bool] | None = None,
     cp_comm: list[str] | None = None,
     fsdp_reshard: list[bool] | None = None,
+    eager: list[bool] | None = None,
+    attention_kernel: list[str] | None = None,
     num_experts: int = 0,
     seq_len: int | None = None,
 ) -> StrategyGrid:
@@ -530,6 +536,9 @@ def enumerate_strategies(
       moe_imbalance: busiest expert rank's routed tokens over the mean (>= 1) to try.
       moe_dispatch: :class:`~perfmodel.choices.MoeDispatch` labels or codes to try.
       cp_comm: :class:`~perfmodel.choices.CpComm` labels or codes to try.
+      eager: eager-mode (unfused elementwise) settings to try (default off).
+      attention_kernel: :class:`~perfmodel.choices.AttentionKernel` labels or codes to try
+        (default cudnn).
       num_experts: the model's routed experts (0: dense).
       seq_len: the model's sequence length in tokens (``None``: an MLP, which has cp = 1).
 
@@ -568,6 +577,11 @@ def enumerate_strategies(
         "moe_overlap": (_opt(moe_overlap, _switch_codes), (0,)),
         "cp_comm": (_opt(cp_comm, lambda v: _codes(CpComm, v, "cp_comm")), (0,)),
         "fsdp_reshard": (_opt(fsdp_reshard, _switch_codes), (1,)),
+        "eager": (_opt(eager, _switch_codes), (0,)),
+        "attention_kernel": (
+            _opt(attention_kernel, lambda v: _codes(AttentionKernel, v, "attention_kernel")),
+            (0,),
+        ),
         "grad_reduce_fp32": (grad_reduce_fp32, None),
         "moe_imbalance": (moe_imbalance, (1.0,)),
     }

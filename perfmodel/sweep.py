@@ -167,8 +167,8 @@ def sweep(
         ``schedule``, ``interleave``, ``zero``, ``recompute``, ``sequence_parallel``,
         ``dtype``, ``dp_overlap``, ``fused_attention``, and today's ``cp``, ``ep``, ``etp``,
         ``shard_size``, ``recompute_layers``, ``tp_overlap``, ``grad_reduce_fp32``,
-        ``moe_imbalance``, ``moe_dispatch``, ``moe_overlap``, ``cp_comm``, ``fsdp_reshard``),
-        each a list of values; None means every valid value.
+        ``moe_imbalance``, ``moe_dispatch``, ``moe_overlap``, ``cp_comm``, ``fsdp_reshard``,
+        ``eager``, ``attention_kernel``), each a list of values; None means every valid value.
 
     Returns:
       A :class:`SweepResult`.
@@ -405,6 +405,8 @@ def strategy_label(r: dict, *, short: bool = True) -> str:
             + (f" {r['dtype']}" if r["dtype"] != Dtype.BF16.label else "")
             + ("" if r["dp_overlap"] else " no-overlap")
             + (" fa" if r.get("fused_attention") else "")
+            + (" fa2" if r.get("attention_kernel") == "fa2" else "")
+            + (" eager" if r.get("eager") else "")
             + "".join(f" {k}{r[k]}" for k in ("cp", "ep", "etp") if r.get(k, 1) > 1)
             + (f" shard{r['shard_size']}" if r.get("shard_size", 0) else "")
         )
@@ -425,5 +427,7 @@ def strategy_label(r: dict, *, short: bool = True) -> str:
     if not r["dp_overlap"]:
         parts.append("no-ovl")
     if r.get("fused_attention"):
-        parts.append("FA")
+        parts.append("FA2" if r.get("attention_kernel") == "fa2" else "FA")
+    if r.get("eager"):
+        parts.append("eager")
     return " ".join(parts)

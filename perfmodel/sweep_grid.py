@@ -17,6 +17,7 @@ import numpy as np
 
 from perfmodel.choices import (
     RECOMPUTE_ALIASES,
+    AttentionKernel,
     CpComm,
     Dtype,
     MoeDispatch,
@@ -56,6 +57,8 @@ GRID_KNOBS = (
     "moe_overlap",
     "cp_comm",
     "fsdp_reshard",
+    "eager",
+    "attention_kernel",
 )
 # knobs that take integers (>= 1, or >= 0 for the sizes where 0 means "all")
 _POSITIVE = ("tp", "pp", "micro_batch", "interleave", "cp", "ep", "etp")
@@ -100,6 +103,8 @@ def normalise_knobs(knobs: dict[str, Sequence[Any] | None]) -> dict[str, list | 
             values = [MoeDispatch.parse(v, k) for v in values]
         elif k == "cp_comm":
             values = [CpComm.parse(v, k) for v in values]
+        elif k == "attention_kernel":
+            values = [AttentionKernel.parse(v, k) for v in values]
         elif k == "zero":
             for z in values:
                 if z not in tuple(ZeroStage):
@@ -150,7 +155,7 @@ def pair_grid(
 
 def _plain(value: Any) -> Any:
     """A named choice as its label (what enumerate_strategies reads), other values unchanged."""
-    if isinstance(value, Schedule | Recompute | Dtype | MoeDispatch | CpComm):
+    if isinstance(value, Schedule | Recompute | Dtype | MoeDispatch | CpComm | AttentionKernel):
         return value.label
     return int(value) if isinstance(value, ZeroStage) else value
 

@@ -122,3 +122,29 @@ def test_a_bad_ratio_in_a_hardware_file_names_the_field():
     doc["fa2_attention_ratio"] = 1.5
     with pytest.raises(AisimError, match="fa2_attention_ratio"):
         hardware_from_dict(doc, "my-gpu.json")
+
+
+def test_grid_crosses_eager_everywhere_and_the_kernel_only_with_fused_attention():
+    from perfmodel.grid import enumerate_strategies
+
+    def grid(**kw):
+        return enumerate_strategies(
+            num_layers=4,
+            num_heads=8,
+            num_kv_heads=2,
+            num_gpus=[8],
+            global_batch=[16],
+            seq_len=8192,
+            gpus_per_node=8,
+            tp=[1, 2],
+            pp=[1],
+            fused_attention=[False, True],
+            **kw,
+        ).columns
+
+    base = grid()
+    assert not base["eager"].any() and not base["attention_kernel"].any()  # defaults: off, cudnn
+    both = grid(eager=[False, True], attention_kernel=["cudnn", "fa2"])
+    fused = int(base["fused_attention"].sum())
+    assert len(both["dp"]) == 2 * (len(base["dp"]) + fused)
+    assert not (both["attention_kernel"] * (1 - both["fused_attention"])).any()
