@@ -60,7 +60,7 @@ def _tier(hw, c, tier):
     )
 
 
-def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full):
+def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full, fp8=0.0):
     """Tensor-parallel collectives of one stage for one microbatch (tp innermost: stride 1).
 
     Megatron's 2 forward + 2 backward all-reduces of ``b·s·h`` activations per layer (an
@@ -71,16 +71,33 @@ def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full):
     half an all-reduce per block). An MoE layer's routed experts need none (tokens enter them
     sequence-split): only its attention block, and shared experts, talk over tp. An MLP
     all-reduces once per pair of layers each way.
+
+    With FP8 (``fp8 > 0``) and sequence parallelism, every all-gather feeds an FP8 GEMM and
+    carries 1-byte values: Transformer Engine quantizes the column-parallel input before its
+    all-gather and the row-parallel output gradient before the backward one
+    (``gather_along_first_dim`` after the quantizer; ``grad_output_preprocess``, "FP8 case with
+    gather"), as torchao's ``Float8ColwiseParallel``/``Float8RowwiseParallel`` do for torchtitan;
+    the reduce-scatters of GEMM outputs stay in the activation dtype, and so do the embedding's.
     """
     b, tp = s.micro_batch_size, s.tp
     alpha, beta = links(hw, c, tp, 1.0, s.gpus_per_node)
-    sp_redo = jnp.where(s.sequence_parallel > 0, 0.5, 0.0)
+    sp = s.sequence_parallel > 0
+    sp_redo = jnp.where(sp, 0.5, 0.0)
     if m.kind == "transformer":
         n_tp = b * m.seq_len / s.cp * m.hidden_size * act_b
         block = 2.0 + sp_redo + jnp.where(full, 1.0, 0.0)  # fwd + bwd (+ redo) per block
         shared = jnp.where(m.shared_experts > 0, 1.0, 0.0)
         blocks = n_dense * 2.0 + n_moe * (1.0 + shared)
         count = blocks * block + 2.0
+        # FP8 all-gathers (half the bytes of the activation dtype's): an all-gather and a
+        # reduce-scatter move the bytes of an all-reduce of 3/4 the buffer, the redo's gather half.
+        pairs = 2.0 + jnp.where(full, 1.0, 0.0)
+        fp8_s = blocks * (
+            pairs * coll.all_reduce_s(tp, 0.75 * n_tp, alpha, beta)
+            + sp_redo * coll.all_reduce_s(tp, 0.5 * n_tp, alpha, beta)
+        ) + 2.0 * coll.all_reduce_s(tp, n_tp, alpha, beta)
+        plain_s = count * coll.all_reduce_s(tp, n_tp, alpha, beta)
+        return jnp.where(sp & (fp8 > 0), fp8_s, plain_s)
     else:
         n_tp = b * m.hidden_size * act_b
         count = (n_dense + n_moe) * (1.0 + jnp.where(full, 0.5, 0.0))

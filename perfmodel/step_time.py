@@ -455,7 +455,7 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     v, mb = modes.chunks, s.num_microbatches
     stage = _compute_terms(m, s, c, t, prec, modes)
     n_dense, n_moe = stage.dense_layers, stage.moe_layers
-    tp_mb = terms.tp_comm(m, hw, c, s, prec.act_bytes, n_dense, n_moe, modes.full)
+    tp_mb = terms.tp_comm(m, hw, c, s, prec.act_bytes, n_dense, n_moe, modes.full, prec.fp8)
     tp_hidden = jnp.where(
         s.tp_overlap > 0, jnp.minimum(c.tp_overlap_fraction * tp_mb, stage.gemm_s), 0.0
     )

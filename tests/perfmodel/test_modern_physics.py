@@ -199,6 +199,42 @@ def test_fp8_runs_linear_layers_only_and_mfu_stays_against_bf16():
     assert float(dist.weights_bytes) == pytest.approx(n, rel=1e-5)
 
 
+def test_fp8_all_gathers_carry_one_byte_under_sequence_parallelism():
+    # Transformer Engine and torchao quantize a GEMM's input before the sequence-parallel
+    # all-gather (forward) and the output gradient before the backward one; the reduce-scatters
+    # and the embedding's two all-reduces stay 16-bit. Ring all-reduce of x bytes over p = 4:
+    # 2(p-1) alpha + 2(p-1)/p x / beta.
+    from perfmodel.comm_terms import links, tp_comm
+
+    m, hw, c = _m(), H100.spec, H100.constants
+    alpha, beta = (float(x) for x in links(hw, c, 4, 1.0, 8))
+
+    def ar(x):
+        return 6 * alpha + 1.5 * x / beta
+
+    n = 2 * 1024 * 256 * 2.0  # b s h bytes of bf16 activations
+    blocks = 4 * 2  # attention and MLP of 4 layers
+    for full in (False, True):
+        s = make_strategy(tp=4, micro_batch_size=2, sequence_parallel=True, gpus_per_node=8)
+        pairs = 2 + full  # an all-gather + reduce-scatter each way, and again when recomputed
+        bf16 = float(tp_comm(m, hw, c, s, 2.0, 4, 0, full, 0.0))
+        fp8 = float(tp_comm(m, hw, c, s, 2.0, 4, 0, full, 1.0))
+        assert bf16 == pytest.approx((blocks * (pairs + 0.5) + 2) * ar(n), rel=1e-5)
+        # each pair moves n/2 (gather, FP8) + n (scatter) = an all-reduce of 3n/4; the
+        # backward's redone gather (half an all-reduce) moves n/2
+        hand = blocks * (pairs * ar(0.75 * n) + 0.5 * ar(0.5 * n)) + 2 * ar(n)
+        assert fp8 == pytest.approx(hand, rel=1e-5)
+        assert fp8 < bf16
+        plain = make_strategy(tp=4, micro_batch_size=2, gpus_per_node=8)  # all-reduces: 16-bit
+        assert float(tp_comm(m, hw, c, plain, 2.0, 4, 0, full, 1.0)) == float(
+            tp_comm(m, hw, c, plain, 2.0, 4, 0, full, 0.0)
+        )
+    k = dict(tp=4, micro_batch_size=2, sequence_parallel=True, gpus_per_node=8)
+    b = STEP(m, hw, c, make_strategy(**k, dtype="bf16"))
+    f = STEP(m, hw, c, make_strategy(**k, dtype="fp8"))
+    assert float(f.tp_comm_s) < float(b.tp_comm_s)
+
+
 def test_fp8_never_slows_a_gemm_bound_step():
     for h in (1024, 2048, 4096, 8192):
         m = model_from_dict(
