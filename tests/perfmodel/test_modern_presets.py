@@ -198,7 +198,7 @@ def _hw(name: str) -> dict:
     return json.loads((PROFILES / "hardware" / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["h800", "gb200"])
+@pytest.mark.parametrize("name", ["h800", "h200", "gb200"])
 def test_hardware_presets_cite_every_field(name):
     sources = _hw(name)["sources"]
     for key in ("power", "compute", "memory", "intra_node", "inter_node", "memory_reserve"):
@@ -214,6 +214,21 @@ def test_h800_is_an_h100_with_narrower_nvlink():
     assert h800["links"]["intra_node"]["bandwidth_gb_per_s"] == 400 / 2
     # DeepSeek-V3 (arXiv:2412.19437, section 3.2.2): IB 50 GB/s per GPU
     assert h800["links"]["inter_node"]["bandwidth_gb_per_s"] == 50
+
+
+@pytest.mark.parametrize("name", ["h800", "h200"])
+def test_gh100_presets_share_the_fitted_h100_constants(name):
+    """The H800 and H200 are the GH100 die at the H100's clocks and 700 W, so the efficiencies
+    fitted on H100 runs describe them; HBM and NVLink differ in the data, not the constants."""
+    other, h100 = _hw(name), _hw("h100-sxm")
+    assert other["peak_tflops"] == h100["peak_tflops"]
+    assert other["board_power_w"] == h100["board_power_w"]
+    drop = {"_source"}
+    assert {k: v for k, v in other["constants"].items() if k not in drop} == {
+        k: v for k, v in h100["constants"].items() if k not in drop
+    }
+    assert other["memory_reserve_gib"] == h100["memory_reserve_gib"]
+    assert other["fa2_attention_ratio"] == h100["fa2_attention_ratio"]
 
 
 def test_gb200_per_gpu_figures_from_the_rack_sheet():
