@@ -131,6 +131,15 @@ ParamRemaindersOpt = Annotated[
         "weights (2 bytes per parameter less; Apex/NeMo distributed Adam).",
     ),
 ]
+FsdpFp32ParamsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fsdp-fp32-params/--no-fsdp-fp32-params",
+        help="ZeRO-3: the sharded parameters are the fp32 master weights, cast to bf16 at each "
+        "all-gather, with no sharded bf16 copy (PyTorch FSDP/FSDP2 mixed precision: 16 bytes "
+        "per parameter, not 18).",
+    ),
+]
 LogitBytesOpt = Annotated[
     float,
     typer.Option(
@@ -186,6 +195,7 @@ def estimate_knobs(
     logit_bytes: float = 4.0,
     eager: bool = False,
     attention_kernel: str = "cudnn",
+    fsdp_fp32_params: bool = False,
 ) -> dict[str, Any]:
     """One value of each option as :func:`perfmodel.estimate`'s knobs (validated there)."""
     return dict(
@@ -207,6 +217,7 @@ def estimate_knobs(
         logit_bytes=logit_bytes,
         eager=eager,
         attention_kernel=attention_kernel,
+        fsdp_fp32_params=fsdp_fp32_params,
     )
 
 

@@ -465,7 +465,13 @@ _RUN_OPTIONAL += (
     "tcp_window_bytes",
 )
 # columns a table may leave out (blank or absent: not used)
-_RUN_EXTRA = ("window_s", "published_inner_step_s", "recompute_modules", "logit_bytes")
+_RUN_EXTRA = (
+    "window_s",
+    "published_inner_step_s",
+    "recompute_modules",
+    "logit_bytes",
+    "fsdp_fp32_params",
+)
 
 
 def crosssite_runs_path() -> Path:
@@ -488,7 +494,8 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     ``published_round_compute_s``, ``published_mfu_pct``). Optional columns: ``window_s`` the
     round's fixed length when the protocol sets it, ``published_inner_step_s`` a published
     per-step time that replaces the step model's (only where a source gives one),
-    ``recompute_modules`` and ``logit_bytes`` (:func:`perfmodel.estimate`'s knobs of those names).
+    ``recompute_modules``, ``logit_bytes`` and ``fsdp_fp32_params`` (0 or 1)
+    (:func:`perfmodel.estimate`'s knobs of those names).
 
     Raises:
       AisimError: a missing column, a bad value (naming the file, ``row N: column`` and the
@@ -512,6 +519,10 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
             v = float(r[col])
             if not (math.isnan(v) or (math.isfinite(v) and v > 0)):
                 raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number or blank")
+        if "fsdp_fp32_params" in df.columns and _extra(r, "fsdp_fp32_params") not in (None, 0, 1):
+            raise bad_value(
+                where, f"row {i + 1}: fsdp_fp32_params", r["fsdp_fp32_params"], "0, 1 or blank"
+            )
         if r["role"] not in ("fit", "heldout"):
             raise bad_value(where, f"row {i + 1}: role", r["role"], "fit or heldout")
     if int((df["role"] == "fit").sum()) != 1:
@@ -550,6 +561,8 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
         knobs["recompute_modules"] = str(row["recompute_modules"])
     if _extra(row, "logit_bytes") is not None:
         knobs["logit_bytes"] = float(row["logit_bytes"])
+    if _extra(row, "fsdp_fp32_params") is not None:
+        knobs["fsdp_fp32_params"] = bool(int(row["fsdp_fp32_params"]))
     step = _extra(row, "published_inner_step_s")
     return collab.CrossSite(
         model=m,

@@ -48,6 +48,8 @@ Strategy assumptions where a row is blank (each a documented default of the fram
 - torchtitan: its loss holds 12 bytes per logit (an unfused fp32 cross-entropy:
   ``logit_bytes``), and with pipelining FSDP keeps each stage's parameters gathered and its
   gradients unreduced across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``);
+  its FSDP2 keeps the sharded parameters in fp32 as the master weights, with no sharded bf16
+  copy (``fsdp_fp32_params``);
 - ``eager`` blank: the elementwise ops are fused (Megatron's fused kernels, torchtitan's
   ``torch.compile``); 1 for torchtitan rows run without ``torch.compile`` (PyTorch eager mode's
   separate kernels, :mod:`perfmodel.eager`);
@@ -330,6 +332,10 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         # first, ``ScaledDotProductAttention.backends`` at 2887250); Transformer Engine prefers
         # cuDNN's fused attention on Hopper (``get_attention_backend``)
         attention_kernel="fa2" if fw == "torchtitan" else "cudnn",
+        # torchtitan shards with FSDP2 (``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=
+        # bfloat16, reduce_dtype=float32)``): the sharded parameters stay fp32 and are the
+        # optimizer's master weights, cast to bf16 only in the all-gather
+        fsdp_fp32_params=fw == "torchtitan" and zero == 3,
     )
 
 

@@ -269,6 +269,7 @@ def strategy_from_knobs(
     fsdp_step_gather: bool = False,
     eager: bool = False,
     attention_kernel: str | int = "cudnn",
+    fsdp_fp32_params: bool = False,
     num_experts: int = 0,
     seq_len: int | None = None,
 ) -> Strategy:
@@ -324,6 +325,9 @@ def strategy_from_knobs(
         (:mod:`perfmodel.eager`); off: fused (Megatron-Core, ``torch.compile``).
       attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` label or code
         (``cudnn`` or ``fa2``).
+      fsdp_fp32_params: ZeRO-3 keeps the sharded parameters in fp32 as the master weights and
+        no sharded 16-bit copy (PyTorch FSDP's mixed precision); needs zero_stage 3 and no
+        ``param_remainders``.
       grad_reduce_fp32: fp32 gradient reduction; ``None`` follows the dtype
         (:func:`~perfmodel.strategy.default_grad_reduce_fp32`).
       moe_imbalance: busiest expert rank's routed tokens over the mean, at least 1.
@@ -386,6 +390,13 @@ def strategy_from_knobs(
         raise bad_value(
             None, "fsdp_step_gather", fsdp_step_gather, "off unless zero_stage is 3 (FSDP)"
         )
+    if fsdp_fp32_params and (zero != ZeroStage.PARAMETERS or param_remainders):
+        raise bad_value(
+            None,
+            "fsdp_fp32_params",
+            fsdp_fp32_params,
+            "off unless zero_stage is 3 (FSDP) without param_remainders",
+        )
     num_microbatches = _derive_microbatches(dp, micro_batch_size, global_batch, num_microbatches)
     if schedule is None:
         schedule = Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B
@@ -424,4 +435,5 @@ def strategy_from_knobs(
         fsdp_step_gather=fsdp_step_gather,
         eager=eager,
         attention_kernel=AttentionKernel.parse(attention_kernel, "attention_kernel"),
+        fsdp_fp32_params=fsdp_fp32_params,
     )

@@ -6,7 +6,9 @@ and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and
 Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. With
 ``param_remainders`` the fp32 master copy of bf16 weights is stored as its 16 missing low-order
 bits (10 bytes of optimizer state, not 12: Apex's DistributedFusedAdam, NeMo's default for bf16
-weights). FP8 training keeps an extra 1-byte copy of the weights (Transformer Engine), or, with
+weights). With ``fsdp_fp32_params`` ZeRO-3's sharded parameters are themselves the fp32 master
+(PyTorch FSDP), so no sharded 16-bit copy is kept and the sharded gradients are fp32: 16 bytes
+per parameter over the shard group. FP8 training keeps an extra 1-byte copy of the weights (Transformer Engine), or, with
 the distributed optimizer, the weights in FP8 only (Megatron-Core's ``--fp8-param-gather``).
 ZeRO-1/2/3 shard the optimiser state, then the gradients, then the weights over the data-parallel
 ranks (dp·cp: context-parallel ranks hold the same weights), or, for ZeRO-3 with a ``shard_size``,
@@ -298,8 +300,13 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     # ``store_param_remainders``): 2 bytes of the 12 instead of 4
     o_b = jnp.where((s.param_remainders > 0) & (s.dtype == Dtype.BF16), o_b - 2.0, o_b)
     fp8_copy = jnp.where(fp8 & (z < ZeroStage.OPTIMIZER), 1.0, 0.0) * p
+    # PyTorch FSDP's mixed precision: the sharded parameters are the fp32 master weights the
+    # optimizer steps (its 12 bytes), cast to 16 or 8 bits only in the all-gather, so no sharded
+    # low-precision copy; their gradients are sharded in the same fp32
+    fsdp32 = zero3 & (s.fsdp_fp32_params > 0) & (o_b > 8.0)
+    w_b = jnp.where(fsdp32, 0.0, w_b)
     weights = sharded(w_b, ZeroStage.PARAMETERS) + jnp.where(zero3, gathered, 0.0) + fp8_copy
-    grads = sharded(g_b, ZeroStage.GRADIENTS)
+    grads = sharded(jnp.where(fsdp32, 4.0, g_b), ZeroStage.GRADIENTS)
     # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in the
     # reduce dtype), reduce-scattered once
     grads = grads + jnp.where(zero3 & (s.fsdp_step_gather > 0), p * g_b, 0.0)

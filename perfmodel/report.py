@@ -80,6 +80,7 @@ def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
         "param_remainders",
         "fsdp_step_gather",
         "eager",
+        "fsdp_fp32_params",
     ):
         out[k] = cols[k].astype(bool)
     out["logit_bytes"] = cols["logit_bytes"].astype(np.float64)
@@ -167,6 +168,7 @@ def row_to_result(row: pd.Series | dict) -> dict:
         "fsdp_step_gather",
         "eager",
         "attention_kernel",
+        "fsdp_fp32_params",
     ):
         if k in r:
             doc[k] = _py(r[k])

@@ -66,6 +66,7 @@ KNOBS = (
     "fsdp_step_gather",
     "eager",
     "attention_kernel",
+    "fsdp_fp32_params",
 )
 # what a knob left out means: the dense, 2022-style strategy (tables built before a knob existed
 # stay valid); ``grad_reduce_fp32`` has no single default (see :func:`default_grad_reduce_fp32`)
@@ -87,6 +88,7 @@ KNOB_DEFAULTS = {
     "fsdp_step_gather": 0.0,
     "eager": 0.0,
     "attention_kernel": 0.0,
+    "fsdp_fp32_params": 0.0,
 }
 
 
@@ -151,6 +153,12 @@ class Strategy:
       attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` code: cuDNN's fused
         attention (the constants' reference) or FlashAttention-2 (at the hardware's
         ``fa2_attention_ratio`` of its speed).
+      fsdp_fp32_params: 1 when ZeRO-3 keeps the sharded parameters in fp32 as the optimizer's
+        master weights and casts them to the compute dtype at each all-gather (PyTorch FSDP's
+        mixed precision: "the optimizer step uses the sharded parameter in the original
+        dtype"), so no sharded 16-bit copy is kept and the sharded gradients are fp32;
+        0 for a sharded 16-bit copy beside an fp32 master in the optimizer (DeepSpeed ZeRO-3,
+        Megatron-FSDP).
     """
 
     dp: Float[Array, "*n"]
@@ -185,6 +193,7 @@ class Strategy:
     fsdp_step_gather: Float[Array, "*n"]
     eager: Float[Array, "*n"]
     attention_kernel: Float[Array, "*n"]
+    fsdp_fp32_params: Float[Array, "*n"]
 
     @property
     def global_batch(self):
@@ -238,6 +247,7 @@ def make_strategy(
     fsdp_step_gather: bool = False,
     eager: bool = False,
     attention_kernel: str | int = "cudnn",
+    fsdp_fp32_params: bool = False,
 ) -> Strategy:
     """Builds one :class:`Strategy` from Python values, without validation (see
     :func:`perfmodel.knobs.strategy_from_knobs` for user input).
@@ -278,6 +288,7 @@ def make_strategy(
       fsdp_step_gather: FSDP gathers and reduce-scatters once per step, not per microbatch.
       eager: PyTorch eager mode's unfused elementwise kernels (no ``torch.compile``).
       attention_kernel: an :class:`~perfmodel.choices.AttentionKernel` label or code.
+      fsdp_fp32_params: ZeRO-3's sharded parameters are the fp32 master weights (PyTorch FSDP).
 
     Returns:
       A :class:`Strategy` with scalar float32 leaves.
@@ -321,6 +332,7 @@ def make_strategy(
         fsdp_step_gather=float(bool(fsdp_step_gather)),
         eager=float(bool(eager)),
         attention_kernel=AttentionKernel.parse(attention_kernel, "attention_kernel"),
+        fsdp_fp32_params=float(bool(fsdp_fp32_params)),
     )
     return Strategy(**{k: jnp.asarray(float(v), jnp.float32) for k, v in vals.items()})
 
@@ -384,4 +396,5 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
         "fsdp_step_gather": bool(v["fsdp_step_gather"]),
         "eager": bool(v["eager"]),
         "attention_kernel": AttentionKernel(int(v["attention_kernel"])).label,
+        "fsdp_fp32_params": bool(v["fsdp_fp32_params"]),
     }

@@ -186,6 +186,10 @@ def test_loader_reads_each_recipes_memory_facts():
     assert float(by_row[22].strategy.param_remainders) == 0  # its FP8 twin: fp8 params
     assert float(by_row[25].strategy.param_remainders) == 0  # Grok-1: mcore_distributed_optim
     for r in runs:
+        # torchtitan's FSDP2 keeps fp32 sharded parameters as the master weights; the
+        # Megatron family keeps bf16 weights beside an fp32 master in the optimizer
+        fsdp2 = r.framework == "torchtitan" and int(r.strategy.zero_stage) == 3
+        assert float(r.strategy.fsdp_fp32_params) == float(fsdp2), r.label
         if r.framework == "megatron-bridge":
             assert float(r.strategy.grad_reduce_fp32) == 0, r.label
         if r.framework == "megatron-core" and not r.fp8:

@@ -150,3 +150,25 @@ def test_a_bad_window_or_published_step_is_refused(tmp_path, old, new, field):
     bad.write_text(text.replace(old, new))
     with pytest.raises(AisimError, match=field):
         load_crosssite_runs(bad)
+
+
+def test_every_published_run_fits_its_sites_memory():
+    # the runs ran, so each site's predicted memory fits its GPUs; FSDP2's sharded parameters
+    # are the fp32 master (no sharded bf16 copy), without which Covenant-72B's 8 B200 would
+    # need 181 GiB of their 179
+    runs = load_crosssite_runs()
+    for _, row in runs.iterrows():
+        est = collab.evaluate(crosssite_of_run(row), (int(row["local_steps"]),)).estimates[0]
+        assert bool(est.breakdown.fits_memory), row["run"]
+    covenant = runs.set_index("run").loc["covenant72b"].copy()
+    covenant["fsdp_fp32_params"] = 0
+    est = collab.evaluate(crosssite_of_run(covenant), (30,)).estimates[0]
+    assert not bool(est.breakdown.fits_memory)
+
+
+def test_a_bad_fsdp_fp32_params_cell_is_refused(tmp_path):
+    text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
+    bad = tmp_path / "runs.csv"
+    bad.write_text(text.replace(",per_op,12,1", ",per_op,12,2"))
+    with pytest.raises(AisimError, match="fsdp_fp32_params"):
+        load_crosssite_runs(bad)

@@ -94,6 +94,55 @@ def test_param_remainders_only_complete_bf16_weights(dtype):
         )  # fmt: skip
 
 
+# -- fsdp_fp32_params (PyTorch FSDP: the sharded parameter is the fp32 master) ---------------
+
+
+@pytest.mark.parametrize("reduce_fp32", [True, False])
+def test_fsdp_fp32_params_keep_16_bytes_per_parameter_by_hand(reduce_fp32):
+    m, n = _m(), 8
+    kw = dict(dp=n, zero_stage=3, grad_reduce_fp32=reduce_fp32)
+    off, on = _s(**kw), _s(fsdp_fp32_params=True, **kw)
+    dense, experts = stage_params_split(m, off)
+    p = float(dense + experts)
+    gathered = 2.0 * p / m.num_layers * 2.0  # the current and the prefetched layer, in bf16
+    a, b = memory_per_device(m, off), memory_per_device(m, on)
+    # DeepSpeed/Megatron ZeRO-3: a sharded bf16 copy beside the fp32 master in the optimizer
+    assert float(a.weights_bytes) == pytest.approx(2.0 * p / n + gathered)
+    assert float(a.gradients_bytes) == pytest.approx((4.0 if reduce_fp32 else 2.0) * p / n)
+    # FSDP: only the gathered layers are bf16; fp32 master (the parameter), m and v, fp32 grads
+    assert float(b.weights_bytes) == pytest.approx(gathered)
+    assert float(b.optimizer_bytes) == pytest.approx(12.0 * p / n)
+    assert float(b.gradients_bytes) == pytest.approx(4.0 * p / n)
+    assert float(b.weights_bytes + b.gradients_bytes + b.optimizer_bytes) == pytest.approx(
+        16.0 * p / n + gathered
+    )
+
+
+def test_fsdp_fp32_params_drop_the_sharded_fp8_weights_and_leave_fp32_training_alone():
+    m, n = _m(), 4
+    p = float(sum(stage_params_split(m, _s(dp=n, zero_stage=3))))
+    fp8 = [
+        memory_per_device(m, _s(dp=n, zero_stage=3, dtype="fp8", fsdp_fp32_params=f))
+        for f in (0, 1)
+    ]
+    assert float(fp8[0].weights_bytes - fp8[1].weights_bytes) == pytest.approx(1.0 * p / n)
+    # fp32 training: the weights already are the master (8 bytes of Adam state beside them)
+    fp32 = [
+        memory_per_device(m, _s(dp=n, zero_stage=3, dtype="fp32", fsdp_fp32_params=f))
+        for f in (0, 1)
+    ]
+    assert float(fp32[0].total_bytes) == float(fp32[1].total_bytes)
+
+
+@pytest.mark.parametrize("extra", [dict(zero_stage=1), dict(zero_stage=3, param_remainders=True)])
+def test_fsdp_fp32_params_need_zero3_without_remainders(extra):
+    with pytest.raises(AisimError, match="fsdp_fp32_params"):
+        strategy_from_knobs(
+            num_layers=4, num_heads=8, num_kv_heads=2, num_gpus=4, dtype="bf16",
+            fsdp_fp32_params=True, **extra,
+        )  # fmt: skip
+
+
 # -- recompute_modules: memory by hand --------------------------------------------------------
 
 
