@@ -131,6 +131,13 @@ def build_cross_site(o: dict):
                 "moe_overlap",
                 "cp_comm",
                 "reshard_after_forward",
+                "fsdp_step_gather",
+                "recompute_modules",
+                "param_remainders",
+                "fsdp_fp32_params",
+                "logit_bytes",
+                "eager",
+                "attention_kernel",
             )
         }
     )

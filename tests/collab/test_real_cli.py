@@ -68,6 +68,34 @@ def test_inner_step_is_perf_estimates_step_time_with_the_same_flags():
     assert 0 < doc["compute_utilization"] < 1
 
 
+def test_perf_estimates_memory_knobs_reach_the_sites():
+    # a torchtitan-like site: FSDP2 over 8 GPUs with its fp32 shards, per-op checkpointing,
+    # the unfused loss, eager kernels and FlashAttention-2: the same step and memory as perf's
+    site = ["--model", "llama3-8b", "--layers", "8", "--seq-len", "4096", "--tp", "1"]
+    site += ["--pp", "1", "--zero", "3", "--recompute", "selective", "--micro-batch", "1"]
+    site += ["--recompute-modules", "per_op", "--logit-bytes", "12", "--fsdp-fp32-params"]
+    site += ["--eager", "--attention-kernel", "fa2", "--dtype", "bf16"]
+    perf = _json(
+        "perf", "estimate", *site, "--hardware", "h100-sxm", "--gpus", "8",
+        "--global-batch", "16", "--fused-attention",
+    )  # fmt: skip
+    doc = _json(
+        "collab", "sweep", *site, "--clients", "2", "--client-hardware", "h100-sxm",
+        "--devices", "8", "--batch-size", "16", "--local-steps", "10", "--compression", "bf16",
+    )  # fmt: skip
+    (row,) = doc["rows"]
+    for s in row["sites"]:
+        assert s["inner_step_s"] == pytest.approx(perf["step_time_s"], rel=1e-6)
+        assert s["memory_gib"] == pytest.approx(perf["memory"]["total_bytes"] / 2**30)
+    plain = _json(
+        "perf", "estimate", *[a for a in site if a != "--fsdp-fp32-params"], "--hardware",
+        "h100-sxm", "--gpus", "8", "--global-batch", "16", "--fused-attention",
+    )  # fmt: skip
+    # without FSDP's fp32 shards, a bf16 shard of the weights (2 bytes per parameter / 8)
+    shard = 2.0 * perf["params"] / 8
+    assert plain["memory"]["total_bytes"] - perf["memory"]["total_bytes"] == pytest.approx(shard)
+
+
 def test_a_stack_profile_and_serialisation_reach_the_sites():
     common = ["--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "64"]
     perf = _json(
