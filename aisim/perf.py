@@ -126,7 +126,7 @@ def estimate_one(
     zero: int = 0,
     dtype: str = "bf16",
     dp_overlap: bool = True,
-    fused_attention: bool = False,
+    fused_attention: bool | None = None,
     profile: Path | None = None,
     cost_model: str = "aisim",
     plan: PlanOptions | None = None,
@@ -169,7 +169,8 @@ def estimate_one(
         sequence_parallel=sequence_parallel,
         dtype=dtype,
         dp_overlap=dp_overlap,
-        fused_attention=fused_attention,
+        # None: the model preset's kernel (perfmodel.estimate)
+        **({} if fused_attention is None else {"fused_attention": fused_attention}),
         **(knobs or {}),
     )
     doc = result.to_dict()
@@ -240,12 +241,15 @@ def estimate(
         ),
     ] = True,
     fused_attention: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--fused-attention/--no-fused-attention",
-            help="A fused attention kernel (FlashAttention): no s x s scores stored or written.",
+            help="A fused attention kernel (FlashAttention): no s x s scores stored or written "
+            "(default: the model preset's, on for Llama, Mixtral, Qwen3, DeepSeek-V3 and GPT-OSS, "
+            "off for GPT-2/GPT-3).",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     cp: CpOpt = 1,
     ep: EpOpt = 1,
     etp: EtpOpt = 1,

@@ -450,7 +450,7 @@ def grid_command(
         Multi,
         typer.Option(
             "--fused-attention",
-            help="A fused attention kernel (FlashAttention) that keeps no s x s scores: on, off or both (default off).",
+            help="A fused attention kernel (FlashAttention) that keeps no s x s scores: on, off or both (default: the model preset's, on for Llama, Mixtral, Qwen3, DeepSeek-V3 and GPT-OSS, off for GPT-2/GPT-3).",
         ),
     ] = None,
     cp: GridCpOpt = None,

@@ -258,8 +258,9 @@ def estimate(
     ``recompute_layers``, ``tp_overlap``, ``grad_reduce_fp32``, ``moe_imbalance``,
     ``moe_dispatch``, ``moe_overlap``, ``cp_comm``, ``fsdp_reshard``; dp = num_gpus /
     (tp·cp·pp) when omitted; ``num_gpus`` defaults to 8; the model's experts and sequence length
-    are checked against ep and cp). Under ``cost_model="distir"`` tp need only be at most the number of heads,
-    as DistIR checks it.
+    are checked against ep and cp; ``fused_attention`` defaults to the model's
+    ``fused_attention_default``). Under ``cost_model="distir"`` tp need only be at most the
+    number of heads, as DistIR checks it.
 
     Args:
       model: a preset name or a :class:`Model` (see :func:`resolve_model` for the other ways).
@@ -305,7 +306,7 @@ def _strategy(
         num_kv_heads=kv_heads,
         gpus_per_node=gpus_per_node_of(hw, gpus_per_node),
         tp_rule="distir" if cost_model == "distir" else "divides",
-        **({"num_gpus": 8} | knobs | model_limits(m)),
+        **({"num_gpus": 8, "fused_attention": m.fused_attention_default} | knobs | model_limits(m)),
     )
 
 

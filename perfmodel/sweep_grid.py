@@ -134,11 +134,14 @@ def pair_grid(
 ) -> StrategyGrid:
     """The strategies searched for one (model, hardware): the cost model's grid over every GPU
     count and global batch, restricted by the knobs (:func:`normalise_knobs`), in the dtypes
-    the hardware supports."""
+    the hardware supports; without a ``fused_attention`` restriction, the model's
+    ``fused_attention_default``."""
     if cost_model == "distir":
         return distir_grid(num_gpus, global_batch, knobs, gpus_per_node)
     heads, kv_heads = attention_heads(model)
     supported = [d.label for d in Dtype if float(hw.spec.peak_flops_per_s[int(d)]) > 0]
+    if knobs.get("fused_attention") is None:  # the attention kernel the model's runs use
+        knobs = {**knobs, "fused_attention": [model.fused_attention_default]}
     return enumerate_strategies(
         **model_limits(model),
         num_layers=int(model.spec.num_layers),

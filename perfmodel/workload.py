@@ -71,12 +71,19 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A named model: its spec, the published parameter count and the citation."""
+    """A named model: its spec, the published parameter count and the citation.
+
+    ``fused_attention_default`` is the attention kernel a strategy gets when none is asked for:
+    True for the presets whose published training runs all use a fused kernel (FlashAttention,
+    cuDNN; the Llama, Mixtral, Qwen3, DeepSeek-V3 and GPT-OSS presets), False for the GPT-2/3
+    and Megatron presets, whose reference measurements (Megatron-LM 2021-22) predate it.
+    """
 
     name: str
     spec: ModelSpec
     published_params: float | None = None
     source: str = ""
+    fused_attention_default: bool = False
 
 
 @jax.tree_util.register_dataclass
@@ -192,11 +199,15 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         **{k: jnp.asarray(v, _F) for k, v in (vals | extra).items()},
     )
     pub = doc.get("published_params")
+    fused = doc.get("fused_attention_default", False)
+    if not isinstance(fused, bool):
+        raise bad_value(where, "fused_attention_default", fused, "true or false")
     return Model(
         name=str(doc.get("name", Path(where).stem)).lower(),
         spec=spec,
         published_params=None if pub is None else float(pub),
         source=str(doc.get("source", "")),
+        fused_attention_default=fused,
     )
 
 

@@ -236,6 +236,9 @@ def _derive(b: RowBuilder) -> None:
     n = b.require("num_gpus", "the number of GPUs (world size)")
     for col in ("tp", "pp", "cp"):
         b.setdefault(col, 1, "default")
+    # torchtitan's attention is PyTorch's scaled_dot_product_attention, a fused kernel (its flash
+    # backend) in every release
+    b.setdefault("fused_attention", True, "default")
     if b.get("cp") == 1 and n % (b.get("tp") * b.get("pp")) == 0:
         b.setdefault("dp", n // (b.get("tp") * b.get("pp")), "derived")
     if b.get("dp_shard") is not None:

@@ -39,6 +39,7 @@ def test_configuration(fixture_path):
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, vocab_size=128256,
         ffn_hidden_size=14336, global_batch_size=8, micro_batch_size=2, seq_len=8192,
         recompute="selective", dtype="bf16", hardware="h100-sxm", format="torchtitan",
+        fused_attention=True,  # torchtitan's SDPA: a fused kernel, not in the log
     )  # fmt: skip
     for key, value in expected.items():
         assert row[key] == value, key
