@@ -103,14 +103,6 @@ def test_a_longer_ring_round_trip_gives_a_longer_all_reduce(validation):
     assert fitted[0] / fitted[2] == pytest.approx(rtt[0] / rtt[2], rel=0.05)
 
 
-def test_a_bad_round_trip_is_refused(tmp_path):
-    text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
-    bad = tmp_path / "runs.csv"
-    bad.write_text(text.replace(",33.7,", ",-33.7,"))
-    with pytest.raises(AisimError, match="wan_rtt_ms"):
-        load_crosssite_runs(bad)
-
-
 def test_a_table_without_a_fit_row_is_refused(tmp_path):
     text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
     bad = tmp_path / "runs.csv"
@@ -142,9 +134,15 @@ def test_covenant_runs_in_templars_fixed_window_by_hand(validation):
 
 
 @pytest.mark.parametrize(
-    "old, new, field", [(",1380,40,", ",-1380,40,", "window_s"), (",1380,40,", ",1380,0,", "step")]
+    "old, new, field",
+    [
+        (",33.7,", ",-33.7,", "wan_rtt_ms"),
+        (",1380,40,", ",-1380,40,", "window_s"),
+        (",1380,40,", ",1380,0,", "step"),
+        (",per_op,12,1", ",per_op,12,2", "fsdp_fp32_params"),
+    ],
 )
-def test_a_bad_window_or_published_step_is_refused(tmp_path, old, new, field):
+def test_a_bad_cell_is_refused(tmp_path, old, new, field):
     text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
     bad = tmp_path / "runs.csv"
     bad.write_text(text.replace(old, new))
@@ -164,11 +162,3 @@ def test_every_published_run_fits_its_sites_memory():
     covenant["fsdp_fp32_params"] = 0
     est = collab.evaluate(crosssite_of_run(covenant), (30,)).estimates[0]
     assert not bool(est.breakdown.fits_memory)
-
-
-def test_a_bad_fsdp_fp32_params_cell_is_refused(tmp_path):
-    text = (ROOT / "calibration" / "data" / "crosssite_runs.csv").read_text()
-    bad = tmp_path / "runs.csv"
-    bad.write_text(text.replace(",per_op,12,1", ",per_op,12,2"))
-    with pytest.raises(AisimError, match="fsdp_fp32_params"):
-        load_crosssite_runs(bad)
