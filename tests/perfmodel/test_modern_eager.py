@@ -10,6 +10,8 @@ against one-by-one evaluation: tests/perfmodel/test_modern_attention_kernel.py).
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,20 +25,9 @@ from perfmodel.workload import model_from_dict
 H100 = load_hardware("h100-sxm")
 STEP = jax.jit(step_time)
 
-LLAMA = dict(
-    kind="transformer",
-    num_layers=4,
-    hidden_size=64,
-    num_heads=4,
-    num_kv_heads=2,
-    ffn_hidden_size=128,
-    seq_len=16,
-    vocab_size=1000,
-    gated_mlp=True,
-    tied_embeddings=False,
-    learned_pos_emb=False,
-    bias=False,
-    dropout=False,
+# the shared tiny Llama-style layer, narrower and shorter
+LLAMA = json.loads((Path(__file__).parent / "fixtures" / "tiny_llama.json").read_text()) | dict(
+    hidden_size=64, num_heads=4, ffn_hidden_size=128, seq_len=16
 )
 
 

@@ -10,6 +10,8 @@ fp32 gradient reduction, uneven pipeline stages, and the hierarchical all-reduce
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -35,21 +37,8 @@ from perfmodel.workload import (
 H100 = load_hardware("h100-sxm")
 STEP = jax.jit(step_time)
 
-DENSE = dict(
-    kind="transformer",
-    num_layers=4,
-    hidden_size=256,
-    num_heads=8,
-    num_kv_heads=2,
-    ffn_hidden_size=512,
-    seq_len=1024,
-    vocab_size=1000,
-    gated_mlp=True,
-    tied_embeddings=False,
-    learned_pos_emb=False,
-    bias=False,
-    dropout=False,
-)
+# a tiny Llama-style layer (GQA, SwiGLU, no biases, no dropout), shared by the modern tests
+DENSE = json.loads((Path(__file__).parent / "fixtures" / "tiny_llama.json").read_text())
 MOE = dict(DENSE, num_experts=8, experts_per_token=2, moe_ffn_hidden_size=128, shared_experts=1)
 
 
