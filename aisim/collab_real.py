@@ -4,6 +4,7 @@ setup, its table, JSON, per-site records and the H x bandwidth trade-off figure.
 """
 
 import dataclasses
+import inspect
 import io
 import math
 from pathlib import Path
@@ -115,32 +116,8 @@ def build_cross_site(o: dict):
             window = -1.0
         if not (math.isfinite(window) and window > 0):
             raise bad_value(None, "tcp_window_bytes", o["tcp_window"], "a size like 6MiB or 4MB")
-    knobs = estimate_knobs(
-        **{
-            k: o[k]
-            for k in (
-                "cp",
-                "ep",
-                "etp",
-                "shard_size",
-                "recompute_layers",
-                "tp_overlap",
-                "grad_reduce_dtype",
-                "moe_imbalance",
-                "moe_dispatch",
-                "moe_overlap",
-                "cp_comm",
-                "reshard_after_forward",
-                "fsdp_step_gather",
-                "recompute_modules",
-                "param_remainders",
-                "fsdp_fp32_params",
-                "logit_bytes",
-                "eager",
-                "attention_kernel",
-            )
-        }
-    )
+    # a site takes every knob of perf estimate, under the same option names
+    knobs = estimate_knobs(**{k: o[k] for k in inspect.signature(estimate_knobs).parameters})
     knobs.update(
         tp=o["tp"],
         pp=o["pp"],
