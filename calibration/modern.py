@@ -139,6 +139,8 @@ class ModernRun:
       fp8: the dtype is fp8; ``fp8_pair``: key shared by a BF16 run and its FP8 twin.
       group: ``dense`` or ``moe``.
       seconds_from: ``step_time_s``, ``tokens_per_s_per_gpu`` or the FLOP convention used.
+      table: the published table the value was read from (its document and the table's name in
+        ``source_of_value``), so that ratios are taken within one experiment.
     """
 
     label: str
@@ -156,6 +158,7 @@ class ModernRun:
     group: str
     seconds_from: str
     notes: str
+    table: str = ""
 
 
 def _cell(row: pd.Series, col: str) -> Any:
@@ -422,9 +425,22 @@ def load_modern_runs(path: str | Path = MAIN_CSV) -> tuple[list[ModernRun], list
                 group="moe" if float(m.spec.num_experts) else "dense",
                 seconds_from=source,
                 notes=str(_cell(row, "notes") or ""),
+                table=_table_of(row),
             )
         )
     return runs, skipped
+
+
+_TABLE_NAME = re.compile(r"^\s*((?:table|section)\s+(?:'[^']*'|\d+))", re.IGNORECASE)
+
+
+def _table_of(row: pd.Series) -> str:
+    """The published table a row was read from: its source document, plus the table's name
+    when ``source_of_value`` starts with one (``Table 6, row ...``, ``table 'Llama3 70b ...'``);
+    a document holding a single table (NeMo's long-sequence page) is its own table."""
+    doc = str(_cell(row, "source") or "")
+    m = _TABLE_NAME.match(str(_cell(row, "source_of_value") or ""))
+    return doc + (" | " + m.group(1) if m else "")
 
 
 _step = jax.jit(step_time)
@@ -572,15 +588,16 @@ def cp_ratios(runs: list[ModernRun], predicted_s: np.ndarray) -> pd.DataFrame:
     """Tokens/s per GPU across the sequence lengths of one context-parallel series, relative to
     the series' shortest sequence, measured and predicted.
 
-    A series is the runs of one model, framework, hardware and tokens per step whose sequence
-    lengths differ and of which at least one runs with cp > 1 (NeMo's Llama 2 7B 4K-1M,
-    torchtitan's 32K-256K).
+    A series is the runs of one published table (one experiment: its own batch, schedule and
+    stack) and one model and hardware whose sequence lengths differ and of which at least one
+    runs with cp > 1 (NeMo's Llama 2 7B 4K-1M, torchtitan's Tables 2 and 6, 32K-256K). Runs of
+    another table are never its base, even at the same tokens per step.
     """
     series: dict[str, list[int]] = {}
     for i, r in enumerate(runs):
         tokens = float(r.strategy.global_batch) * float(r.model.spec.seq_len)
         key = f"{r.model.name} {r.hardware.name} {r.framework} {tokens / 2**20:g}M tokens/step"
-        series.setdefault(key, []).append(i)
+        series.setdefault(key + "\0" + r.table, []).append(i)
     rows = []
     for key, idx in series.items():
         seqs = {float(runs[i].model.spec.seq_len) for i in idx}
@@ -604,7 +621,7 @@ def cp_ratios(runs: list[ModernRun], predicted_s: np.ndarray) -> pd.DataFrame:
             pred = tps(i, float(predicted_s[i])) / tps(b, float(predicted_s[b]))
             rows.append(
                 {
-                    "series": key,
+                    "series": key.split("\0")[0],
                     "seq_len": int(float(runs[i].model.spec.seq_len)),
                     "cp": int(float(runs[i].strategy.cp)),
                     "measured_ratio": meas,

@@ -215,18 +215,43 @@ def test_fp8_speedups(evaluated):
 
 
 def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
-    # target 15%: NeMo's Llama 2 7B 4K-1M series is within 4%; torchtitan's series (its
-    # FlashAttention-2 kernel) are within 17%, three of their seven points above 15% (16.6%,
-    # -15.9% and -15.6%, reported in docs/validation.md)
+    # target 15%: NeMo's Llama 2 7B 4K-1M series is within 4%; torchtitan's two series (its
+    # Tables 2 and 6, its FlashAttention-2 kernel) are within 17%, one of their six points above
+    # 15% (Llama 3 8B at 256K, +16.6%, reported in docs/validation.md)
     runs, _, df = evaluated
     r = cp_ratios(runs, df.predicted_s.to_numpy())
     nemo = r[r.series.str.contains("nemo")]
     assert len(nemo) == 8
     assert (nemo.error_pct.abs() < 5.0).all()
     titan = r[r.series.str.contains("torchtitan")]
-    assert len(titan) == 7
+    assert len(titan) == 6
     assert (titan.error_pct.abs() < 17.0).all()
-    assert int((titan.error_pct.abs() <= 15.0).sum()) >= 4
+    assert int((titan.error_pct.abs() <= 15.0).sum()) >= 5
+
+
+def test_context_parallel_series_is_one_published_table(evaluated):
+    # torchtitan's Llama 3.1 405B 8K runs (Table 5: local batch 32, a pipeline-schedule study)
+    # move the same 2M tokens per step as its CP study (Table 6: local batch 8, 32K-256K), but
+    # they are another experiment: the series starts at Table 6's own 32K run
+    runs, _, df = evaluated
+    r = cp_ratios(runs, df.predicted_s.to_numpy())
+    big = r[r.series.str.startswith("llama3-405b")]
+    assert sorted(big.seq_len) == [65536, 131072, 262144]
+    base = next(
+        x
+        for x in runs
+        if x.model.name == "llama3-405b"
+        and x.table.endswith("Table 6")
+        and float(x.model.spec.seq_len) == 32768
+    )
+    longest = next(
+        x for x in runs if x.table == base.table and float(x.model.spec.seq_len) == 262144
+    )
+    # the published TPS/GPU: 76 at 32K, 16 at 256K (the step times are derived from them)
+    assert float(big[big.seq_len == 262144].measured_ratio.iloc[0]) == pytest.approx(
+        base.measured_step_s / longest.measured_step_s
+    )
+    assert float(big[big.seq_len == 262144].measured_ratio.iloc[0]) == pytest.approx(16 / 76)
 
 
 def test_no_measured_run_is_predicted_infeasible(evaluated):
