@@ -145,7 +145,8 @@ LogitBytesOpt = Annotated[
     typer.Option(
         "--logit-bytes",
         help="Bytes per logit the loss holds at its peak: 4 for a fused fp32 softmax "
-        "cross-entropy (Megatron), 12 for an unfused one (torchtitan).",
+        "cross-entropy (Megatron), 12 for an unfused one (torchtitan), 16 for PyTorch's "
+        "loss_parallel under TP, uncompiled.",
     ),
 ]
 

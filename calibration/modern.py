@@ -46,7 +46,8 @@ Strategy assumptions where a row is blank (each a documented default of the fram
   "1f1b overlap"; tokens are dispatched with DeepEP (``flex``) for DeepSeek-V3 and rows whose
   notes name DeepEP, with the plain all-to-all otherwise;
 - torchtitan: its loss holds 12 bytes per logit (an unfused fp32 cross-entropy:
-  ``logit_bytes``), and with pipelining FSDP keeps each stage's parameters gathered and its
+  ``logit_bytes``), or the row's ``logit_bytes`` column where set (16: PyTorch's
+  ``loss_parallel`` decomposition under TP, uncompiled, as torchtitan 9dec370 runs it), and with pipelining FSDP keeps each stage's parameters gathered and its
   gradients unreduced across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``);
   its FSDP2 keeps the sharded parameters in fp32 as the master weights, with no sharded bf16
   copy (``fsdp_fp32_params``);
@@ -175,6 +176,11 @@ def _cell(row: pd.Series, col: str) -> Any:
 def _int(row: pd.Series, col: str, default: int) -> int:
     v = _cell(row, col)
     return default if v is None else int(v)
+
+
+def _float(row: pd.Series, col: str) -> float | None:
+    v = _cell(row, col)
+    return None if v is None else float(v)
 
 
 def megatron_flops(m: Model, global_batch: int) -> float:
@@ -320,8 +326,10 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         recompute_modules=_recompute_modules(notes)
         or ("per_op" if fw == "torchtitan" and recompute == "selective" else ""),
         # torchtitan's loss is an unfused fp32 cross-entropy (train.py ``loss_fn``:
-        # ``cross_entropy(pred.flatten(0, 1).float(), ...)``): 12 bytes per logit at its peak
-        logit_bytes=12.0 if fw == "torchtitan" else 4.0,
+        # ``cross_entropy(pred.flatten(0, 1).float(), ...)``): 12 bytes per logit at its peak;
+        # the ``logit_bytes`` column where a row's source sets another (16: PyTorch's
+        # ``loss_parallel`` under TP, run uncompiled)
+        logit_bytes=_float(row, "logit_bytes") or (12.0 if fw == "torchtitan" else 4.0),
         # torchtitan with PP: FSDP2 does not reshard after forward (``apply_fsdp``:
         # reshard_after_forward = False when pp_enabled) and the pipelining schedule holds
         # parameters and gradients unsharded until the last microbatch's backward

@@ -318,7 +318,8 @@ def strategy_from_knobs(
         :class:`~perfmodel.choices.RecomputeModule`, Megatron-Core's ``--recompute-modules``);
         needs ``recompute="selective"``.
       logit_bytes: bytes per logit the loss holds at its peak (4: a fused fp32 softmax
-        cross-entropy; 12: an unfused fp32 one), more than 0.
+        cross-entropy; 12: an unfused fp32 one; 16: PyTorch's ``loss_parallel`` under TP,
+        uncompiled), more than 0.
       fsdp_step_gather: ZeRO-3 keeps parameters gathered and gradients unreduced across the
         step's microbatches (one all-gather and reduce-scatter per step); needs zero_stage 3.
       eager: the elementwise ops run as PyTorch eager mode's separate kernels

@@ -142,7 +142,9 @@ class Strategy:
       logit_bytes: bytes per logit the loss holds at its peak on the last stage: 4 for a fused
         fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3, Megatron), 12 for an unfused
         fp32 one (the log-softmax output kept for the backward, the loss gradient and the
-        log-softmax's input gradient: torchtitan's ``cross_entropy(pred.float(), labels)``).
+        log-softmax's input gradient: torchtitan's ``cross_entropy(pred.float(), labels)``),
+        16 for that loss under PyTorch's ``loss_parallel`` (TP, uncompiled), whose backward
+        also holds the sum ``grad_input + exp(x)`` beside the product.
       fsdp_step_gather: 1 when ZeRO-3/FSDP keeps the parameters gathered and the gradients
         unreduced across the microbatches of a step (PyTorch pipelining's no-sync for FSDP2
         stages: one all-gather and one reduce-scatter per step, the stage's unsharded weights
