@@ -23,7 +23,8 @@ parallelism), Q, K, V and the attention output, the MLP's fc1 and activation out
 ``s²`` softmax tensors of an unfused kernel. Context parallelism divides them by cp. Selective
 recomputation drops the ``s²`` tensors and what its ``recompute_modules`` discard
 (:mod:`perfmodel.recompute`), full recomputation keeps the layer input of ``recompute_
-layers`` layers (all by default). The first pipeline stage holds ``pp`` microbatches in flight
+layers`` layers (all by default) and, in the backward, the activations of the one layer being
+recomputed (the larger of that and the loss's logits, which are freed before it). The first pipeline stage holds ``pp`` microbatches in flight
 under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
 """
 
@@ -239,6 +240,25 @@ def stage_activation_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     return dense + moe
 
 
+def recompute_working_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
+    """What full recomputation adds at its peak: the layer being recomputed holds all its
+    activations again while its backward runs (its full, unrecomputed bytes for one
+    microbatch: a MoE layer's when the stage has one, else a dense layer's); 0 without full
+    recomputation, where every kept tensor is already counted. Chen et al. 2016 (arXiv:
+    1604.06174, §3) count the same peak for checkpointed training: the checkpoints plus the
+    one segment being recomputed."""
+    if m.kind != "transformer":
+        return jnp.zeros(())
+    n = layers_per_stage(m, s)
+    n_moe = stage_moe_layers(m, n)
+    _, dense_all = _activation_bytes(m, s, False)
+    _, moe_all = _activation_bytes(m, s, True)
+    layer = jnp.where(
+        n_moe > 0, jnp.maximum(moe_all, jnp.where(n > n_moe, dense_all, 0.0)), dense_all
+    )
+    return jnp.where(s.recompute == Recompute.FULL, layer, 0.0)
+
+
 def in_flight_microbatches(s: Strategy) -> Float[Array, ""]:
     """Microbatches whose activations the first stage holds at its peak, by schedule."""
     pp, m, v = s.pp, s.num_microbatches, s.interleave
@@ -314,9 +334,12 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     acts = stage_activation_bytes(m, s) * in_flight_microbatches(s)
     if m.kind == "transformer":
         # the loss's logits at its peak (``logit_bytes`` per logit: 4 for the fused fp32
-        # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last
+        # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last; they are
+        # freed before the layers' backward, where full recomputation holds one layer's
+        # activations again, so the peak takes the larger of the two
         logits = s.logit_bytes * m.seq_len / s.cp * s.micro_batch_size * m.vocab_size / s.tp
-        acts = acts + jnp.where(s.pp <= 1, logits, 0.0)
+        logits = jnp.where(s.pp <= 1, logits, 0.0)
+        acts = acts + jnp.maximum(logits, recompute_working_bytes(m, s))
     total = weights + grads + opt + acts
     return MemoryBreakdown(
         weights_bytes=weights,
