@@ -47,10 +47,11 @@ Strategy assumptions where a row is blank (each a documented default of the fram
   notes name DeepEP, with the plain all-to-all otherwise;
 - torchtitan: its loss holds 12 bytes per logit (an unfused fp32 cross-entropy:
   ``logit_bytes``), or the row's ``logit_bytes`` column where set (16: PyTorch's
-  ``loss_parallel`` decomposition under TP, uncompiled, as torchtitan 9dec370 runs it), and with pipelining FSDP keeps each stage's parameters gathered and its
-  gradients unreduced across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``);
-  its FSDP2 keeps the sharded parameters in fp32 as the master weights, with no sharded bf16
-  copy (``fsdp_fp32_params``);
+  ``loss_parallel`` decomposition under TP, uncompiled, as torchtitan 9dec370 runs it), and
+  with pipelining FSDP keeps each stage's parameters gathered and its gradients unreduced
+  across the microbatches (``fsdp_reshard`` off, ``fsdp_step_gather``); its FSDP2 keeps the
+  sharded parameters in fp32 as the master weights, with no sharded bf16 copy
+  (``fsdp_fp32_params``);
 - ``eager`` blank: the elementwise ops are fused (Megatron's fused kernels, torchtitan's
   ``torch.compile``); 1 for torchtitan rows run without ``torch.compile`` (PyTorch eager mode's
   separate kernels, :mod:`perfmodel.eager`);
@@ -601,13 +602,13 @@ def cp_ratios(runs: list[ModernRun], predicted_s: np.ndarray) -> pd.DataFrame:
     runs with cp > 1 (NeMo's Llama 2 7B 4K-1M, torchtitan's Tables 2 and 6, 32K-256K). Runs of
     another table are never its base, even at the same tokens per step.
     """
-    series: dict[str, list[int]] = {}
+    series: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(runs):
         tokens = float(r.strategy.global_batch) * float(r.model.spec.seq_len)
-        key = f"{r.model.name} {r.hardware.name} {r.framework} {tokens / 2**20:g}M tokens/step"
-        series.setdefault(key + "\0" + r.table, []).append(i)
+        name = f"{r.model.name} {r.hardware.name} {r.framework} {tokens / 2**20:g}M tokens/step"
+        series.setdefault((name, r.table), []).append(i)
     rows = []
-    for key, idx in series.items():
+    for (name, _), idx in series.items():
         seqs = {float(runs[i].model.spec.seq_len) for i in idx}
         if len(seqs) < 3 or not any(float(runs[i].strategy.cp) > 1 for i in idx):
             continue
@@ -629,7 +630,7 @@ def cp_ratios(runs: list[ModernRun], predicted_s: np.ndarray) -> pd.DataFrame:
             pred = tps(i, float(predicted_s[i])) / tps(b, float(predicted_s[b]))
             rows.append(
                 {
-                    "series": key.split("\0")[0],
+                    "series": name,
                     "seq_len": int(float(runs[i].model.spec.seq_len)),
                     "cp": int(float(runs[i].strategy.cp)),
                     "measured_ratio": meas,

@@ -24,8 +24,8 @@ parallelism), Q, K, V and the attention output, the MLP's fc1 and activation out
 recomputation drops the ``s²`` tensors and what its ``recompute_modules`` discard
 (:mod:`perfmodel.recompute`), full recomputation keeps the layer input of ``recompute_
 layers`` layers (all by default) and, in the backward, the activations of the one layer being
-recomputed (the larger of that and the loss's logits, which are freed before it). The first pipeline stage holds ``pp`` microbatches in flight
-under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
+recomputed (the larger of that and the loss's logits, which are freed before it). The first
+pipeline stage holds ``pp`` microbatches in flight under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
 """
 
 from __future__ import annotations
@@ -253,9 +253,7 @@ def recompute_working_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     n_moe = stage_moe_layers(m, n)
     _, dense_all = _activation_bytes(m, s, False)
     _, moe_all = _activation_bytes(m, s, True)
-    layer = jnp.where(
-        n_moe > 0, jnp.maximum(moe_all, jnp.where(n > n_moe, dense_all, 0.0)), dense_all
-    )
+    layer = jnp.maximum(jnp.where(n_moe > 0, moe_all, 0.0), jnp.where(n > n_moe, dense_all, 0.0))
     return jnp.where(s.recompute == Recompute.FULL, layer, 0.0)
 
 

@@ -55,7 +55,7 @@ def test_one_stage_holds_the_larger_of_the_logits_and_the_recomputed_layer():
     small = 4.0 * 1024 * 2 * 1000  # fused fp32 loss: 4 bytes per logit
     assert small < layer  # a 1000-word vocabulary: the layer is the peak
     assert full == pytest.approx(kept + layer, rel=1e-6)
-    s_big, big = _acts(m, recompute="full", micro_batch_size=2, logit_bytes=400.0)
+    _, big = _acts(m, recompute="full", micro_batch_size=2, logit_bytes=400.0)
     assert 100 * small > layer  # now the logits are
     assert big == pytest.approx(kept + 100 * small, rel=1e-6)
 
