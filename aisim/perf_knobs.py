@@ -97,7 +97,11 @@ MoeOverlapOpt = Annotated[
 ]
 CpCommOpt = Annotated[
     str,
-    typer.Option("--cp-comm", help="How CP ranks exchange K/V: p2p (ring) or allgather."),
+    typer.Option(
+        "--cp-comm",
+        help="How CP ranks exchange K/V: p2p (Megatron's ring), allgather, or torch "
+        "(PyTorch's ring attention, as torchtitan runs: fp32 merges on the compute stream).",
+    ),
 ]
 ReshardOpt = Annotated[
     bool,
@@ -364,7 +368,8 @@ GridMoeOverlapOpt = Annotated[
     ),
 ]
 GridCpCommOpt = Annotated[
-    Multi, typer.Option("--cp-comm", help="CP K/V exchange: p2p, allgather (default p2p).")
+    Multi,
+    typer.Option("--cp-comm", help="CP K/V exchange: p2p, allgather, torch (default p2p)."),
 ]
 GridReshardOpt = Annotated[
     Multi,

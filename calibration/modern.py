@@ -344,6 +344,10 @@ def _strategy(row: pd.Series, hw: Hardware) -> Strategy:
         # first, ``ScaledDotProductAttention.backends`` at 2887250); Transformer Engine prefers
         # cuDNN's fused attention on Hopper (``get_attention_backend``)
         attention_kernel="fa2" if fw == "torchtitan" else "cudnn",
+        # torchtitan's context parallelism is PyTorch's ring attention (``context_parallel``):
+        # K/V all-gathered behind the local block, partial outputs and gradients merged in
+        # fp32 on the compute stream (perfmodel.torch_ring)
+        cp_comm="torch" if fw == "torchtitan" else "p2p",
         # torchtitan shards with FSDP2 (``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=
         # bfloat16, reduce_dtype=float32)``): the sharded parameters stay fp32 and are the
         # optimizer's master weights, cast to bf16 only in the all-gather

@@ -101,10 +101,15 @@ class MoeDispatch(Choice):
 
 
 class CpComm(Choice):
-    """How context-parallel ranks exchange K/V (Megatron-Core's ``cp_comm_type``)."""
+    """How context-parallel ranks exchange K/V: Megatron-Core's ``cp_comm_type`` (``p2p``
+    ring, ``allgather``), or PyTorch's ring attention (``torch``: ``context_parallel`` in
+    ``torch.distributed.tensor.experimental``, what torchtitan runs), which all-gathers K/V
+    behind the local block and merges partial outputs and gradients in fp32 on the compute
+    stream (:mod:`perfmodel.torch_ring`)."""
 
     P2P = 0
     ALLGATHER = 1
+    TORCH = 2
 
 
 class AttentionKernel(Choice):

@@ -28,6 +28,7 @@ from perfmodel.memory import (
 )
 from perfmodel.moe import moe_traffic
 from perfmodel.strategy import Strategy
+from perfmodel.torch_ring import FP32_BYTES, torch_ring_kv_elements
 from perfmodel.workload import ModelSpec, attention_shape, tokens_per_sample
 
 
@@ -112,8 +113,12 @@ def cp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, attn_fwd_s, attn_bwd_s, n_l
     kv_exchanged` elements, split over tp) to the next rank while the attention of the
     previous chunk runs; the backward also returns dK/dV (twice the bytes). Only what the
     attention does not cover is exposed. All-gather: K/V gathered before the forward (and
-    again in the backward, with a reduce-scatter of dK/dV), not overlapped. Recomputed
-    forwards repeat the forward exchange.
+    again in the backward, with a reduce-scatter of dK/dV), not overlapped. PyTorch's ring
+    (``torch``): K/V at the query's heads all-gathered once per layer, hidden behind the local
+    block's attention (one ``cp``-th of it), in the forward and again in the backward; dK/dV
+    travel the ring in fp32, each step's send behind the next step's attention, the last one
+    waited for after the loop (its merges are compute: :mod:`perfmodel.torch_ring`).
+    Recomputed forwards repeat the forward exchange.
     """
     cp = s.cp
     alpha, beta = links(hw, c, cp, s.tp, s.gpus_per_node)
@@ -124,9 +129,26 @@ def cp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, attn_fwd_s, attn_bwd_s, n_l
     ag = coll.all_gather_s(cp, cp * chunk, alpha, beta)
     rs = coll.reduce_scatter_s(cp, cp * chunk, alpha, beta)
     gather_fwd, gather_bwd = ag, ag + rs
-    allgather = s.cp_comm == CpComm.ALLGATHER
-    fwd = jnp.where(allgather, gather_fwd, ring_fwd)
-    bwd = jnp.where(allgather, gather_bwd, ring_bwd)
+    kv = torch_ring_kv_elements(m, s.micro_batch_size, s.tp, cp)
+    kv_ag = coll.all_gather_s(cp, cp * kv * act_b, alpha, beta)
+    dkv = coll.p2p_s(kv * FP32_BYTES, alpha, beta)
+    local = 1.0 / jnp.maximum(cp, 1.0)
+    torch_fwd = jnp.maximum(kv_ag - local * attn_fwd_s, 0.0)
+    torch_bwd = (
+        jnp.maximum(kv_ag - local * attn_bwd_s, 0.0)
+        + jnp.maximum(steps - 1.0, 0.0) * jnp.maximum(dkv - local * attn_bwd_s, 0.0)
+        + dkv
+    )
+    fwd = jnp.select(
+        [s.cp_comm == CpComm.ALLGATHER, s.cp_comm == CpComm.TORCH],
+        [gather_fwd, torch_fwd],
+        ring_fwd,
+    )
+    bwd = jnp.select(
+        [s.cp_comm == CpComm.ALLGATHER, s.cp_comm == CpComm.TORCH],
+        [gather_bwd, torch_bwd],
+        ring_bwd,
+    )
     per_layer = fwd * (1.0 + jnp.where(full, 1.0, 0.0)) + bwd
     return jnp.where((cp > 1) & (m.kind == "transformer"), n_layers * per_layer, 0.0)
 

@@ -43,6 +43,7 @@ from perfmodel.moe import moe_forward_ops, routed_tokens
 from perfmodel.recompute import redone_ops
 from perfmodel.roofline import op_time_s
 from perfmodel.strategy import ACT_BYTES, Strategy
+from perfmodel.torch_ring import torch_ring_ops
 from perfmodel.workload import (
     LayerOps,
     ModelSpec,
@@ -303,8 +304,10 @@ def _compute_terms(
     # a fused kernel's backward recomputes Q·Kᵀ: half of the attention's forward again
     fa_redo = dataclasses.replace(_scaled(ops.attention, 0.5), kernels=jnp.zeros(()))
     fa_redo_s = jnp.where(fused, t(fa_redo), 0.0)
-    attn_fwd = sum(t(op) for op in attn_classes)
-    attn_bwd = sum(t(_scaled(op, 2.0)) for op in attn_classes) + fa_redo_s
+    # PyTorch's ring attention merges partial outputs and gradients on the compute stream
+    ring_f, ring_b = torch_ring_ops(m, s, act_b)
+    attn_fwd = sum(t(op) for op in attn_classes) + t(ring_f)
+    attn_bwd = sum(t(_scaled(op, 2.0)) for op in attn_classes) + fa_redo_s + t(ring_b)
     core_fwd = t(ops.attention)
     core_bwd = t(_scaled(ops.attention, 2.0)) + fa_redo_s
     moe_ops = moe_forward_ops(m, b, tp, s.cp, s.ep, s.moe_imbalance, act_b)

@@ -237,10 +237,10 @@ def test_fp8_speedups(evaluated):
     assert float(r.error_pct.abs().mean()) < 4.5
 
 
-def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
+def test_context_parallel_ratios_within_target(evaluated):
     # target 15%: NeMo's Llama 2 7B 4K-1M series is within 4%; torchtitan's two series (its
-    # Tables 2 and 6, its FlashAttention-2 kernel) are within 17%, one of their six points above
-    # 15% (Llama 3 8B at 256K, +16.6%, reported in docs/validation.md)
+    # Tables 2 and 6: FlashAttention-2 and PyTorch's ring attention, whose fp32 merges and
+    # K/V all-gather the step model prices) within 15%, the widest Llama 3 8B's 256K point
     runs, _, df = evaluated
     r = cp_ratios(runs, df.predicted_s.to_numpy())
     nemo = r[r.series.str.contains("nemo")]
@@ -248,8 +248,7 @@ def test_context_parallel_ratios_nemo_within_5_pct(evaluated):
     assert (nemo.error_pct.abs() < 5.0).all()
     titan = r[r.series.str.contains("torchtitan")]
     assert len(titan) == 6
-    assert (titan.error_pct.abs() < 17.0).all()
-    assert int((titan.error_pct.abs() <= 15.0).sum()) >= 5
+    assert (titan.error_pct.abs() < 15.0).all()
 
 
 def test_context_parallel_series_is_one_published_table(evaluated):

@@ -1,0 +1,99 @@
+"""PyTorch's ring attention: the merge and gradient-accumulation traffic (``--cp-comm torch``).
+
+Contract: :func:`torch_ring_ops` gives the HBM traffic and kernel count that PyTorch's context
+parallelism (``torch.distributed.tensor.experimental.context_parallel``, what torchtitan runs;
+``_templated_ring_attention`` and ``_templated_ring_attention_backward`` in
+``torch/distributed/tensor/experimental/_attention.py``) adds to one layer's attention on one
+rank, forward and backward, for one microbatch. The step model adds it to the attention's time;
+it runs on the compute stream between the attention kernels, so nothing hides it. Zero unless
+``cp_comm`` is ``torch`` and ``cp > 1``.
+
+What that code does on each rank, with ``n = cp - 1`` ring steps after the local block and
+load balancing on (its default; the last rank, which merges every step in full, sets the pace):
+
+- **Forward.** Each step's SDPA returns a 16-bit partial output and its log-sum-exp;
+  ``_SDPAMerger`` (``convert_to_f32``, the default) upcasts it and merges it into an fp32
+  running output with ``out - sigmoid(lse_i - lse) * (out - out_i)``, then casts the result
+  back once. Unfused (``eager``) that is the upcast (read ``B``, write 4), two subtractions and
+  a product over fp32 tensors (12, 8 and 12 bytes per output element): ``B + 36`` per element
+  per step, 38 in bf16, plus the K/V concatenation for the exchange (read and write ``B`` per
+  K/V element) every step. Compiled (``torch.compile`` traces the ring into the graph and
+  Inductor fuses each step's merge into one kernel): read the running output and the partial
+  one, write the running output, ``8 + B`` per element per step. Both add the first block's
+  upcast and the final downcast, ``2·(B + 4)`` per element.
+- **Backward.** dQ, dK and dV accumulate in fp32 (``accum_dtype``): the buffers are zeroed
+  (4 bytes per element), each step's 16-bit dQ is added to dQ (``8 + B``), and the dK/dV
+  buffer that arrives from the previous rank (fp32) takes this rank's half-block gradient and
+  is sent on. Unfused the half-block add is an in-place add on one chunk (``(8 + B)/2`` per
+  K/V element) followed by ``torch.cat`` of the chunks and ``torch.cat`` of dK and dV for the
+  send (8 each), and the K/V are concatenated again for the backward's exchange (``2·B``);
+  compiled, one pass reads the arriving buffer and the half-block gradient and writes the
+  buffer to send (``8 + B/2``). Both end with the casts of dQ and dK/dV to 16 bits
+  (``4 + B`` per element) and start with the local block's full adds (``8 + B``).
+
+K and V reach SDPA with the query's heads (torchtitan's ``repeat_kv`` before the call, which
+PyTorch's flash backend requires), so they count ``q_dim + v_dim`` elements per token.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from perfmodel.choices import CpComm
+from perfmodel.strategy import Strategy
+from perfmodel.workload import ModelSpec, OpClass, attention_shape
+
+FP32_BYTES = 4.0
+
+
+def torch_ring_kv_elements(m: ModelSpec, micro_batch, tp, cp):
+    """K and V elements one rank holds for PyTorch's ring (``b·s/cp`` tokens, K and V at the
+    query's heads, heads split over ``tp``)."""
+    att = attention_shape(m)
+    return micro_batch * m.seq_len / cp * (att.q_dim + att.v_dim) / tp
+
+
+def torch_ring_ops(m: ModelSpec, s: Strategy, act_bytes) -> tuple[OpClass, OpClass]:
+    """The ring's merge and accumulation kernels of one layer on one rank: ``(forward,
+    backward)`` vector op classes (module docstring), empty unless ``--cp-comm torch``.
+
+    Args:
+      m: a transformer's dimensions.
+      s: the strategy: ``cp``, ``tp``, ``micro_batch_size``, ``eager``, ``cp_comm``.
+      act_bytes: bytes of a 16-bit activation (``B``; FP8 runs keep 16-bit attention).
+    """
+    B, F = act_bytes, FP32_BYTES
+    n = jnp.maximum(s.cp - 1.0, 0.0)
+    att = attention_shape(m)
+    T = s.micro_batch_size * m.seq_len / s.cp
+    q = T * att.q_dim / s.tp  # queries and dQ
+    o = T * att.v_dim / s.tp  # the attention output
+    kv = torch_ring_kv_elements(m, s.micro_batch_size, s.tp, s.cp)
+    eager = s.eager > 0
+    casts = 2.0 * (B + F)
+    fwd_bytes = jnp.where(
+        eager,
+        n * (B + 9.0 * F) * o + casts * o + n * 2.0 * B * kv,
+        n * (2.0 * F + B) * o + casts * o,
+    )
+    fwd_kernels = jnp.where(eager, 11.0 * n + 2.0, n + 2.0)
+    zeros = F * (q + kv)
+    first = (2.0 * F + B) * (q + kv)
+    last = (F + B) * (q + kv)
+    step_eager = (2.0 * F + B) * q + ((2.0 * F + B) / 2.0 + 4.0 * F + 2.0 * B) * kv
+    step_fused = (2.0 * F + B) * q + (2.0 * F + B / 2.0) * kv
+    bwd_bytes = zeros + first + last + n * jnp.where(eager, step_eager, step_fused)
+    bwd_kernels = jnp.where(eager, 7.0 * n + 10.0, 2.0 * n + 7.0)
+    on = (s.cp_comm == CpComm.TORCH) & (s.cp > 1) & (m.kind == "transformer")
+
+    def op(nbytes, kernels):
+        nbytes = jnp.where(on, nbytes, 0.0)
+        return OpClass(
+            flops=nbytes / F,
+            bytes=nbytes,
+            kernels=jnp.where(on, kernels, 0.0),
+            tensor=False,
+            role="vector",
+        )
+
+    return op(fwd_bytes, fwd_kernels), op(bwd_bytes, bwd_kernels)
