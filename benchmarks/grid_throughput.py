@@ -4,12 +4,15 @@ Measures, after compilation:
   1. configurations per second of the jitted grid evaluation (``evaluate_grid``: one
      ``jit(vmap(step_time))``) on the GPT-3 175B / 1024 x A100-80GB grid tiled to ``--rows`` rows,
      with the arrays already on the device, with all outputs and with the on-device top-k
-     reduction that ``aisim perf grid`` runs (XLA then keeps only what the reduction needs);
-  2. the same step function called one strategy at a time from a Python loop (jitted, on a
+     reduction that ``aisim perf grid`` runs (which also gathers the chosen rows' breakdowns);
+  2. the compile options of small grids (``perfmodel.step_time.compile_options``): the CLI grid's
+     bucket compiled and run with XLA's defaults and with the fast compilation, and the grid size
+     up to which the fast compilation pays;
+  3. the same step function called one strategy at a time from a Python loop (jitted, on a
      sample), and the ratio;
-  3. the per-configuration rate of a one-at-a-time evaluator: Calculon's ~8 ms per
+  4. the per-configuration rate of a one-at-a-time evaluator: Calculon's ~8 ms per
      configuration, the figure quoted in issue 3 (not measured here);
-  4. the wall time of the whole ``aisim perf grid --model gpt3-175B --gpus 1024
+  5. the wall time of the whole ``aisim perf grid --model gpt3-175B --gpus 1024
      --global-batch 1536`` search, the first call (with compilation) and the next (compiled).
 
 Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--devices N]``
@@ -20,6 +23,7 @@ Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--d
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -79,6 +83,10 @@ def main() -> None:
     # the on-device reduction's parts, timed one by one (internals, not public API)
     from perfmodel import search as srch
     from perfmodel.step_time import _evaluate_grid
+
+    st = importlib.import_module(
+        "perfmodel.step_time"
+    )  # the module (the package exports the function)
 
     m, hw = load_model("gpt3-175b"), load_hardware("a100-80gb")
     spec = m.spec
@@ -151,7 +159,32 @@ def main() -> None:
     # 1c. from numpy columns, including the host -> device transfer of the grid
     dt_host = best_of(lambda: evaluate_grid(spec, hw.spec, hw.constants, big.strategy()))
 
-    # 2. one at a time from Python, the same step function jitted
+    # 2. the compile options for small grids (perfmodel.step_time.compile_options): the CLI's
+    # grid padded to its bucket, compiled and run with XLA's defaults and with the fast compile
+    small_rows = srch.bucket_rows(len(grid))
+    small = StrategyGrid(
+        {k: np.resize(v, small_rows) for k, v in grid.columns.items()}, {}
+    ).strategy()
+    small_point = np.resize(srch.sweep_points(grid)[0], small_rows).astype(np.float32)
+    small_args = (
+        spec,
+        hw.spec,
+        hw.constants,
+        small,
+        jax.numpy.asarray(len(grid), jax.numpy.int32),
+        (small_point, np.zeros(small_rows, np.float32)),
+    )
+    reduce_small = srch._reducer(10, len(srch.sweep_points(grid)[1]), 256, "throughput")
+    trade = {}
+    for label, options in (("XLA defaults", None), ("fast compile", st._FAST_COMPILE)):
+        jitted = jax.jit(st._evaluate_grid_impl, static_argnums=(0, 1), compiler_options=options)
+        t = time.perf_counter()
+        jax.block_until_ready(jitted(step_time, reduce_small, *small_args))
+        compile_s = time.perf_counter() - t
+        run_s = best_of(lambda j=jitted: j(step_time, reduce_small, *small_args))
+        trade[label] = (compile_s, run_s)
+
+    # 3. one at a time from Python, the same step function jitted
     one = jax.jit(step_time)
     rng = np.random.default_rng(0)
     sample = [
@@ -186,6 +219,20 @@ def main() -> None:
     print(
         f"  from numpy, incl. host->device copy   {rate['host'] / 1e6:8.2f} M configs/s  ({dt_host * 1e3:.0f} ms)"
     )
+    print(f"compile options for a {small_rows}-row grid (the search below), compile + run:")
+    for label, (compile_s, run_s) in trade.items():
+        print(
+            f"  {label:<14} compile {compile_s:6.2f} s, run {run_s * 1e3:7.1f} ms "
+            f"({run_s / small_rows * 1e6:.2f} us/row)"
+        )
+    (c_def, r_def), (c_fast, r_fast) = trade["XLA defaults"], trade["fast compile"]
+    per_row = (r_fast - r_def) / small_rows
+    if per_row > 0:
+        print(
+            f"  the fast compile saves {c_def - c_fast:.2f} s and costs {per_row * 1e6:.2f} us/row: "
+            f"it pays up to ~{(c_def - c_fast) / per_row:,.0f} rows (used up to "
+            f"{st.FAST_COMPILE_ROWS:,})"
+        )
     print(
         f"python loop, jit(step_time) per call    {1 / dt_loop:8.0f} configs/s  ({dt_loop * 1e6:.0f} us each, "
         f"{args.loop} strategies)"
@@ -196,7 +243,7 @@ def main() -> None:
     )
     print(f"  grid (all outputs) / Calculon         {rate['full'] * CALCULON_S_PER_CONFIG:8.0f} x")
 
-    # 4. the whole search, as the CLI runs it (enumerate, evaluate, reduce, frames)
+    # 5. the whole search, as the CLI runs it (enumerate, evaluate, reduce, frames)
     t = time.perf_counter()
     res = sweep("gpt3-175B", num_gpus=1024, global_batch=1536)
     first = time.perf_counter() - t

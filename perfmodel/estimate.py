@@ -24,6 +24,7 @@ from perfmodel.cost_models import COST_MODELS, select_step_fn
 from perfmodel.hardware import Hardware, load_hardware, load_hardware_file
 from perfmodel.knobs import strategy_from_knobs
 from perfmodel.report import results_frame, row_to_result
+from perfmodel.step_time import compile_options
 from perfmodel.strategy import Strategy
 from perfmodel.workload import (
     Model,
@@ -290,7 +291,8 @@ def estimate(
             hint="pass {strategy} or the knobs (" + ", ".join(sorted(knobs)) + "), not both",
         )
     consts = hw.constants if constants is None else constants
-    out = jax.jit(select_step_fn(cost_model))(m.spec, hw.spec, consts, strategy)
+    step_fn = jax.jit(select_step_fn(cost_model), compiler_options=compile_options(1))
+    out = step_fn(m.spec, hw.spec, consts, strategy)
     return Estimate(m, hw, strategy, out, cost_model)
 
 

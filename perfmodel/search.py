@@ -29,7 +29,7 @@ from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import HardwareSpec
 from perfmodel.report import results_frame
 from perfmodel.step_time import evaluate_grid
-from perfmodel.workload import ModelSpec, total_params
+from perfmodel.workload import ModelSpec, host_total_params
 from simbase import units
 from simbase.errors import bad_value
 
@@ -65,7 +65,8 @@ def pareto_mask(
     """Rows that no other row beats: none with ``cost <=`` and ``gain >`` (ties: the first).
 
     Sort by cost (then gain, descending) and keep the rows whose gain exceeds the running
-    maximum of the rows before them. Works on jax or numpy arrays, inside ``jit`` too.
+    maximum of the rows before them. Works inside ``jit``; numpy arrays stay in numpy (a small
+    host frame then costs no per-operation compilations).
 
     Args:
       cost: what to minimise per row (e.g. bytes per device).
@@ -75,12 +76,19 @@ def pareto_mask(
     Returns:
       A boolean mask of the front's rows.
     """
-    cost = jnp.where(ok, cost, jnp.inf)
-    gain = jnp.where(ok, gain, -jnp.inf)
-    order = jnp.lexsort((-gain, cost))
+    host = all(isinstance(x, np.ndarray) for x in (cost, gain, ok))
+    xp = np if host else jnp
+    cost = xp.where(ok, cost, np.inf)
+    gain = xp.where(ok, gain, -np.inf)
+    order = xp.lexsort((-gain, cost))
     g = gain[order]
-    prev = jnp.concatenate([jnp.full((1,), -jnp.inf, g.dtype), jax.lax.cummax(g)[:-1]])
-    return jnp.zeros(cost.shape, bool).at[order].set(g > prev)
+    best_before = np.maximum.accumulate(g) if host else jax.lax.cummax(g)
+    on_front = g > xp.concatenate([xp.full((1,), -np.inf, g.dtype), best_before[:-1]])
+    if host:
+        mask = np.zeros(cost.shape, bool)
+        mask[order] = on_front
+        return mask
+    return jnp.zeros(cost.shape, bool).at[order].set(on_front)
 
 
 def _score(out: StepBreakdown, rank_by: str):
@@ -140,14 +148,15 @@ def _reducer(k: int, num_points: int, front_size: int, rank_by: str):
             valid_zero3=(valid & (zero3 > 0)).sum(),
             valid=valid.sum(),
         )
-        # indices only: gathering rows here would make XLA materialise every output of the grid
+        picked = dict(top_idx=top_idx, best_idx=best_idx, front_idx=front_idx, small_idx=small)
+        # the picked rows' whole breakdowns, gathered in the same jit: one compilation for the
+        # search (a second jit over the picked rows compiled the step function again)
+        at = jnp.clip(jnp.concatenate(list(picked.values())), 0, rows.shape[0] - 1)
         return dict(
             top_val=top_val,
-            top_idx=top_idx,
-            best_idx=best_idx,
-            front_idx=front_idx,
             counts=counts,
-            small_idx=small,
+            rows=jax.tree.map(lambda a: a[at], out),
+            **picked,
         )
 
     return reduce
@@ -265,17 +274,11 @@ def search(
     )
     res = jax.tree.map(_to_host, res)
     counts = res["counts"]
-    # the few selected rows are evaluated again, alone: the same step function, a tiny grid
     parts = [res["top_idx"], res["best_idx"], res["front_idx"], res["small_idx"]]
     sizes = np.cumsum([0] + [len(p) for p in parts])
     picked = np.clip(np.concatenate(parts), 0, n - 1).astype(np.int64)
     sub = grid.take(picked)
-    out = jax.tree.map(
-        _to_host,
-        evaluate_grid(
-            m, hw, c, sub.strategy(), step_fn=step_fn, min_rows=bucket_rows(len(sub), 256)
-        ),
-    )
+    out = res["rows"]
 
     def frame(j, keep):
         rows_j = np.arange(sizes[j], sizes[j + 1])[np.asarray(keep, bool)]
@@ -365,7 +368,7 @@ def no_feasible_message(r: SearchResult, model_name: str, capacity_bytes: float)
     if r.smallest.empty:
         return f"{model_name}: no valid strategy in the grid (every one breaks a divisibility rule)"
     cap_gib = capacity_bytes / units.GIB
-    params = float(total_params(r.model))
+    params = float(host_total_params(r.model))
     states = MODEL_STATE_BYTES_PER_PARAM * params
     need = math.ceil(states / capacity_bytes)
     row = r.smallest.iloc[-1]

@@ -39,7 +39,7 @@ from perfmodel.grid import StrategyGrid
 from perfmodel.hardware import Hardware
 from perfmodel.report import row_to_result
 from perfmodel.sweep_grid import normalise_knobs, pair_grid, positive_list
-from perfmodel.workload import Model, total_params
+from perfmodel.workload import Model, host_total_params
 from simbase import units
 from simbase.errors import AisimError, bad_value
 
@@ -230,7 +230,10 @@ def _search_pair(
     step_fn = select_step_fn(cost_model)
     r = srch.search(m.spec, hw.spec, consts, grid, step_fn=step_fn, k=top, rank_by=rank_by)
     tag = dict(
-        model=m.name, hardware=hw.name, cost_model=cost_model, params=float(total_params(m.spec))
+        model=m.name,
+        hardware=hw.name,
+        cost_model=cost_model,
+        params=float(host_total_params(m.spec)),
     )
     frames.add(r, tag)
     if keep_all and r.feasible:

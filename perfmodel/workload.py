@@ -502,6 +502,10 @@ def total_params(m: ModelSpec) -> Float[Array, ""]:
     return m.num_layers * layer_params(m) + embedding_params(m) + head_params(m)
 
 
+# one compiled program for a host-side count, instead of one compilation per jnp operation
+host_total_params = jax.jit(total_params)
+
+
 def active_params(m: ModelSpec) -> Float[Array, ""]:
     """Parameters one token passes through (N in the 6·N·tokens convention): a mixture of
     experts counts only its ``experts_per_token`` routed experts (and the shared ones); a dense

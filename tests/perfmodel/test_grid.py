@@ -282,14 +282,32 @@ def test_pareto_mask_hand_case():
     cost = np.array([1.0, 2.0, 2.0, 3.0, 4.0, 0.5])
     gain = np.array([1.0, 3.0, 2.0, 2.5, 5.0, 0.1])
     ok = np.array([True, True, True, True, True, False])
-    assert list(np.asarray(srch.pareto_mask(cost, gain, ok))) == [
-        True,
-        True,
-        False,
-        False,
-        True,
-        False,
-    ]
+    expected = [True, True, False, False, True, False]
+    host = srch.pareto_mask(cost, gain, ok)  # numpy in, numpy out (no jax dispatch)
+    assert isinstance(host, np.ndarray) and list(host) == expected
+    jitted = jax.jit(srch.pareto_mask)(cost, gain, ok)  # as the on-device reduction runs it
+    assert list(np.asarray(jitted)) == expected
+
+
+st = sys.modules["perfmodel.step_time"]  # the package exports the function of the same name
+
+
+def test_fast_compile_options_only_for_small_cpu_grids():
+    small = st.compile_options(1000, "cpu")
+    assert small == {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    assert st.compile_options(st.FAST_COMPILE_ROWS, "cpu") == small
+    assert st.compile_options(st.FAST_COMPILE_ROWS + 1, "cpu") is None
+    assert st.compile_options(1000, "gpu") is None and st.compile_options(1, "tpu") is None
+
+
+def test_fast_compile_equals_default_compile():
+    # the same grid through both compiled programs: only float32 rounding may differ
+    g = _grid_175b(fused_attention=[False, True])
+    args = (step_time, None, GPT3.spec, A100.spec, A100.constants, g.strategy(), None, ())
+    fast = st._evaluate_grid_fast_compile(*args)
+    default = st._evaluate_grid(*args)
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(default), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=0)
 
 
 def test_results_frame_names_and_json_roundtrip():
