@@ -564,7 +564,7 @@ def _breakdown(m, hw, s, *, terms, total, dp_total, hardware_flops, nominal_peak
 # Grids up to this many rows compile for a fast start on XLA:CPU (see compile_options).
 FAST_COMPILE_ROWS = 1 << 18
 # LLVM at -O0 and XLA:CPU's classic loop emitters: the step function compiles in about half the
-# time and runs about 5x slower per row; the results agree to float32 rounding.
+# time (a third, measured) and runs about 5x slower per row; results agree to float32 rounding.
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
@@ -574,7 +574,7 @@ def compile_options(rows: int, platform: str | None = None) -> dict | None:
     The step function is thousands of scalar operations, so a small grid (an estimate, the GPT-3
     175B grid's 18,000 rows) spends most of its time compiling, not running.
     ``benchmarks/grid_throughput.py`` measures both sides: the fast compilation saves a few
-    seconds once and costs a few microseconds per row, so it pays off up to about half a million
+    seconds once and costs a few microseconds per row, so it pays off up to about a million
     rows, and the default optimisation wins above :data:`FAST_COMPILE_ROWS`. Only XLA:CPU is
     tuned this way; accelerators compile with their defaults.
 
