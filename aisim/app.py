@@ -15,6 +15,7 @@ from aisim import fl as fl_cli
 from aisim import measure as measure_cli
 from aisim import perf as perf_cli
 from aisim import presets as presets_cli
+from aisim.console import err_console
 
 app = typer.Typer(
     name="aisim",
@@ -96,6 +97,17 @@ def _enable_compilation_cache() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: a usage error (an unknown option, a missing argument, a value
+    of the wrong type) is one line on stderr and exit code 2, like the commands' own errors."""
     _enable_compilation_cache()
-    app()
+    usage_error = typer.BadParameter.__mro__[1]  # click's UsageError, as typer ships it
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as e:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        err_console.print(f"[red]error:[/red] {e.format_message()}{hint}", highlight=False)
+        code = 2
+    except typer.Abort:
+        err_console.print("[red]error:[/red] interrupted", highlight=False)
+        code = 130
+    raise SystemExit(code if isinstance(code, int) else 0)

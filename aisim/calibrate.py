@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from aisim.calibrate_import import import_colossal_command, import_command
 from aisim.console import (
     check_out_suffix,
     console,
@@ -18,6 +19,7 @@ from aisim.console import (
     print_json,
     rich_table,
 )
+from aisim.options import StackOpt
 from simbase.errors import bad_value
 from simbase.io import atomic_write_text, write_table
 
@@ -52,8 +54,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 FLAGS = flag_names(free="--fit")
 
 
-def _defaults(hardware: str | None, model: str | None, dtype: str | None) -> dict[str, str]:
-    return {k: v for k, v in (("hardware", hardware), ("model", model), ("dtype", dtype)) if v}
+def _defaults(hardware, model, dtype, stack=None) -> dict[str, str]:
+    given = (("hardware", hardware), ("model", model), ("dtype", dtype), ("stack", stack))
+    return {k: v for k, v in given if v}
 
 
 def _warn_skipped(df: pd.DataFrame) -> list[str]:
@@ -78,6 +81,7 @@ def fit_command(
     ] = None,
     model: ModelOpt = None,
     dtype: DtypeOpt = None,
+    stack: StackOpt = None,
     skip_bad_rows: SkipOpt = False,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the k-fold split (leave-one-out needs none).")
@@ -105,7 +109,7 @@ def fit_command(
             measurements,
             skip_bad_rows=skip_bad_rows,
             purpose="fit",
-            defaults=_defaults(hw_name, model, dtype),
+            defaults=_defaults(hw_name, model, dtype, stack),
         )
         _warn_skipped(df)
         run = fit_measurements(df, hardware=hw_name, free=fit, seed=seed, source=str(measurements))
@@ -171,6 +175,7 @@ def predict_command(
     hardware: HardwareOpt = None,
     model: ModelOpt = None,
     dtype: DtypeOpt = None,
+    stack: StackOpt = None,
     skip_bad_rows: SkipOpt = False,
     json_: JsonOpt = False,
     out: Annotated[
@@ -186,7 +191,7 @@ def predict_command(
             configs,
             skip_bad_rows=skip_bad_rows,
             purpose="predict",
-            defaults=_defaults(hardware, model, dtype),
+            defaults=_defaults(hardware, model, dtype, stack),
         )
         _warn_skipped(df)
         table = predict_measurements(
@@ -207,11 +212,5 @@ def predict_command(
         console.print(rich_table(table[show], title=f"predictions for {configs.name}"))
 
 
-try:
-    from aisim.calibrate_import import import_colossal_command, import_command
-except ImportError:  # the importers ship in their own module; the rest of the CLI works without
-    import_colossal_command = import_command = None
-if import_command is not None:
-    app.command("import")(import_command)
-if import_colossal_command is not None:
-    app.command("import-colossal")(import_colossal_command)
+app.command("import")(import_command)
+app.command("import-colossal")(import_colossal_command)

@@ -30,6 +30,8 @@ from aisim.console import (
     print_table,
     rich_table,
 )
+from aisim.options import knob_options
+from perfmodel.specs.knobs import BY_NAME
 from simbase.io import write_table
 
 # measurement column -> header of the printed table, in order
@@ -109,7 +111,16 @@ def import_colossal_command(
             console.print(f"wrote {len(df)} rows to {out}")
 
 
+# the knobs a log import can override (the columns of its rows)
+IMPORT_KNOBS = (
+    "num_gpus", "tp", "pp", "dp", "cp", "ep", "global_batch_size", "micro_batch_size", "dtype",
+    "recompute", "zero_stage",
+)  # fmt: skip
+
+
+@knob_options(include=IMPORT_KNOBS)
 def import_command(
+    knobs: dict,
     logs: Annotated[
         list[Path],
         typer.Argument(
@@ -137,22 +148,7 @@ def import_command(
         str | None, typer.Option(help="Model preset name (wins over the log).")
     ] = None,
     hardware: Annotated[str | None, typer.Option(help="Hardware preset name.")] = None,
-    num_gpus: Annotated[int | None, typer.Option(help="World size (devices in all).")] = None,
-    tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree.")] = None,
-    pp: Annotated[int | None, typer.Option(help="Pipeline-parallel degree.")] = None,
-    dp: Annotated[int | None, typer.Option(help="Data-parallel degree.")] = None,
-    cp: Annotated[
-        int | None, typer.Option(help="Context-parallel degree (Megatron, torchtitan).")
-    ] = None,
-    ep: Annotated[int | None, typer.Option(help="Expert-parallel degree (MoE).")] = None,
-    global_batch_size: Annotated[
-        int | None, typer.Option(help="Samples per optimiser step, all ranks together.")
-    ] = None,
-    micro_batch_size: Annotated[int | None, typer.Option(help="Samples per microbatch.")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length in tokens.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = None,
-    recompute: Annotated[str | None, typer.Option(help="none, selective or full.")] = None,
-    zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage (0-3).")] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the rows to .csv, .parquet or .json.")
     ] = None,
@@ -168,11 +164,10 @@ def import_command(
 
     with guard():
         check_out_suffix(out)
-        overrides = dict(
-            model=model, hardware=hardware, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, cp=cp,
-            ep=ep, global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
-            seq_len=seq_len, dtype=dtype, recompute=recompute, zero_stage=zero_stage,
-        )  # fmt: skip
+        overrides = dict(model=model, hardware=hardware, seq_len=seq_len)
+        for name, value in knobs.items():  # the registry reads them as the log rows hold them
+            knob = BY_NAME[name]
+            overrides[name] = knob.label(knob.code(knob.parse(value)))
         df = import_logs(logs, format=format, overrides=overrides, skip_iterations=skip_iterations)
         if out is not None:
             write_table(df, out)

@@ -1,410 +1,407 @@
-"""`aisim perf estimate` (one strategy) and `aisim perf grid` (every strategy, vectorised)."""
+"""`aisim perf`: one strategy (`estimate`), every strategy (`grid`), what limits a run
+(`sensitivity`) and hardware side by side (`compare`).
+
+Each command parses its options, calls one library function of :mod:`perfmodel` inside
+:func:`~aisim.console.guard` (which names the option of a bad argument) and renders the result
+(:mod:`aisim.perf_render`). The strategy knobs of every command come from the registry
+(:func:`aisim.options.knob_options`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from aisim.common import resolve_constants
-from aisim.console import console, flag_names, guard, print_json
-from aisim.perf_knobs import FLAGS as KNOB_FLAGS
-from aisim.perf_knobs import (
-    AttentionKernelOpt,
-    CpCommOpt,
-    CpOpt,
-    EagerOpt,
-    EpOpt,
-    EtpOpt,
-    FsdpFp32ParamsOpt,
-    FsdpStepGatherOpt,
-    GradReduceOpt,
-    LogitBytesOpt,
-    MoeDispatchOpt,
-    MoeImbalanceOpt,
-    MoeOverlapOpt,
-    ParamRemaindersOpt,
-    RecomputeLayersOpt,
-    RecomputeModulesOpt,
-    ReshardOpt,
-    ShardSizeOpt,
-    TpOverlapOpt,
-    estimate_knobs,
-)
-from aisim.perf_planning import (
-    PLAN_FLAGS,
-    PlanOptions,
+from aisim import perf_render as render
+from aisim.common import resolve_calibration, resolve_constants
+from aisim.console import check_out_suffix, guard, print_json
+from aisim.options import (
+    FLAGS,
+    OUTPUT,
+    CostModelOpt,
+    HardwareFileOpt,
+    HardwareOpt,
+    HardwaresOpt,
+    HeadsOpt,
+    HiddenOpt,
+    JsonOpt,
+    LayersOpt,
+    ModelFileOpt,
+    ModelOpt,
+    ModelsOpt,
+    OutOpt,
+    ParamsOpt,
     PriceOpt,
+    ProfileOpt,
     PueOpt,
+    SensitivityOpt,
+    SeqLenOpt,
+    SetOpt,
+    StackOpt,
     TokensOpt,
     UtilisationOpt,
-    print_plan,
+    VocabOpt,
+    WidthsOpt,
+    failure_options,
+    grid_values,
+    knob_options,
+    with_defaults,
+    with_settings,
 )
-from aisim.perf_sensitivity import SensitivityOpt, sensitivity_fields
-from perfmodel import BREAKDOWN_TERMS, resolve_hardware, resolve_model
-from perfmodel import estimate as estimate_strategy
-from simbase import units
+from perfmodel import estimate, load_stack, resolve_hardware, resolve_model
+from perfmodel.plan.annotate import add_intervals, add_plan, annotate_sweep
+from perfmodel.plan.compare import COMPARE_KEYS, compare_hardware
+from perfmodel.plan.sensitivity import elasticities, estimate_row, sensitivity_report
+from perfmodel.plan.training import check_plan_options, parse_tokens, plan_sweep, with_price
+from perfmodel.search.figures import plot_compare, plot_sweep
+from simbase.errors import bad_value
+from simbase.io import check_new_file, write_table
+from simbase.parse import split_list
 
 app = typer.Typer(no_args_is_help=True)
 
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        help="Model preset (case-insensitive; default gpt3-175b), or 'custom' with --layers --hidden --heads --seq-len --vocab.",
-    ),
+# what `aisim perf estimate` and `sensitivity` evaluate when not told: the README's GPT-3 run
+ONE_RUN = dict(num_gpus=1024, tp=8, pp=8, global_batch_size=1536, recompute="full")
+TopOpt = Annotated[
+    int, typer.Option("--top", help="How many strategies to show.", rich_help_panel=OUTPUT)
 ]
-ModelFileOpt = Annotated[
-    Path | None,
-    typer.Option("--model-file", help="Your own model JSON (schema of perfmodel/profiles/models)."),
-]
-ParamsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--params", help="A square bias-free MLP with about this many parameters, e.g. 60M."
-    ),
-]
-HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware preset (case-insensitive).")]
-HardwareFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--hardware-file", help="Your own hardware JSON (schema of perfmodel/profiles/hardware)."
-    ),
-]
-ProfileOpt = Annotated[
-    Path | None,
-    typer.Option("--profile", help="Calibrated profile JSON from `aisim calibrate fit --out`."),
-]
-CostModelOpt = Annotated[
+RankOpt = Annotated[
     str,
+    typer.Option("--rank-by", rich_help_panel=OUTPUT,
+                 help="throughput, cost, mfu, or (with --tokens) time, cost or energy to train."),
+]  # fmt: skip
+PlotOpt = Annotated[
+    Path | None, typer.Option("--plot", help="Write a PNG figure.", rich_help_panel=OUTPUT)
+]
+WideOpt = Annotated[
+    bool,
     typer.Option(
-        "--cost-model", help="aisim (default) or distir (DistIR's formulas and constants)."
+        "--wide", help="Show every column, even wider than the terminal.", rich_help_panel=OUTPUT
     ),
 ]
+CrossNodeOpt = Annotated[
+    bool,
+    typer.Option("--allow-cross-node-tp", rich_help_panel="Layout",
+                 help="Let tensor parallelism span nodes."),
+]  # fmt: skip
 
 
-# library parameter -> option, where the option is not --<name-with-dashes>
-FLAGS = (
-    flag_names(
-        num_gpus="--gpus",
-        micro_batch_size="--micro-batch",
-        zero_stage="--zero",
-        num_layers="--layers",
-        hidden_size="--hidden",
-        num_heads="--heads",
-        vocab_size="--vocab",
-    )
-    | KNOB_FLAGS
-)
+@dataclasses.dataclass
+class Plan:
+    """The planning options of a command, checked at construction."""
+
+    tokens: str | None
+    price: float | None
+    utilisation: float | None
+    pue: float | None
+
+    def __post_init__(self) -> None:
+        check_plan_options(self.price, self.utilisation, self.pue)
+        self.count = None if self.tokens is None else parse_tokens(self.tokens)
+
+    def args(self) -> dict:
+        return dict(utilisation_factor=self.utilisation, pue=self.pue)
 
 
-def estimate_one(
-    *,
-    model: str | None = None,
-    model_file: Path | None = None,
-    params: str | None = None,
-    widths: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    hardware: str = "a100-80gb",
-    hardware_file: Path | None = None,
-    gpus: int = 8,
-    gpus_per_node: int | None = None,
-    tp: int = 1,
-    pp: int = 1,
-    global_batch: int | None = None,
-    micro_batch: int = 1,
-    schedule: str | None = None,
-    interleave: int = 1,
-    recompute: str = "none",
-    sequence_parallel: bool = False,
-    zero: int = 0,
-    dtype: str = "bf16",
-    dp_overlap: bool = True,
-    fused_attention: bool | None = None,
-    profile: Path | None = None,
-    cost_model: str = "aisim",
-    plan: PlanOptions | None = None,
-    sensitivity: bool = False,
-    knobs: dict | None = None,
-) -> dict:
-    """The ``aisim perf estimate --json`` document of one strategy, from the command's options
-    (the library call is :func:`perfmodel.estimate`; errors name its parameters, which
-    :data:`FLAGS` maps to these options; ``sensitivity`` adds the block of
-    :func:`aisim.perf_sensitivity.sensitivity_fields`; ``knobs``: today's knobs,
-    :func:`aisim.perf_knobs.estimate_knobs`)."""
-    m = resolve_model(
-        model,
-        model_file=model_file,
-        params=params,
-        widths=widths,
-        num_layers=layers,
-        hidden_size=hidden,
-        num_heads=heads,
-        seq_len=seq_len,
-        vocab_size=vocab,
-    )
-    hw = resolve_hardware(hardware, hardware_file)
-    consts = resolve_constants(hw, profile)
-    result = estimate_strategy(
-        m,
-        hw,
-        constants=consts,
-        cost_model=cost_model,
-        gpus_per_node=gpus_per_node,
-        num_gpus=gpus,
-        tp=tp,
-        pp=pp,
-        global_batch=global_batch,
-        micro_batch_size=micro_batch,
-        schedule=schedule,
-        interleave=interleave,
-        zero_stage=zero,
-        recompute=recompute,
-        sequence_parallel=sequence_parallel,
-        dtype=dtype,
-        dp_overlap=dp_overlap,
-        # None: the model preset's kernel (perfmodel.estimate)
-        **({} if fused_attention is None else {"fused_attention": fused_attention}),
-        **(knobs or {}),
-    )
-    doc = result.to_dict()
-    if plan is not None:
-        plan.annotate(doc, result)
-    if sensitivity:
-        doc.update(sensitivity_fields(result, consts))
-    return doc
+def _model(model, model_file, params=None, widths=None, dims=()):
+    layers, hidden, heads, seq_len, vocab = dims or (None,) * 5
+    return resolve_model(
+        model, model_file=model_file, params=params, widths=widths, num_layers=layers,
+        hidden_size=hidden, num_heads=heads, seq_len=seq_len, vocab_size=vocab,
+    )  # fmt: skip
+
+
+def _check_png(plot: Path | None) -> None:
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise bad_value(None, "plot", str(plot), "a file name ending in .png")
+    check_new_file(plot, "plot")
 
 
 @app.command("estimate")
-def estimate(
+@knob_options(defaults=ONE_RUN)
+@failure_options
+def estimate_command(
+    knobs: dict,
     model: ModelOpt = None,
     model_file: ModelFileOpt = None,
     params: ParamsOpt = None,
-    widths: Annotated[
-        str | None,
-        typer.Option("--widths", help="A generic MLP by its layer widths, e.g. 784,200,200,10."),
-    ] = None,
-    layers: Annotated[
-        int | None, typer.Option(help="Transformer layers (overrides the preset).")
-    ] = None,
-    hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
-    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
-    seq_len: Annotated[
-        int | None, typer.Option("--seq-len", help="Sequence length in tokens.")
-    ] = None,
-    vocab: Annotated[int | None, typer.Option(help="Vocabulary size.")] = None,
-    hardware: HardwareOpt = "a100-80gb",
+    widths: WidthsOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    seq_len: SeqLenOpt = None,
+    vocab: VocabOpt = None,
+    hardware: HardwareOpt = None,
     hardware_file: HardwareFileOpt = None,
-    gpus: Annotated[int, typer.Option(help="Total devices.")] = 1024,
-    gpus_per_node: Annotated[
-        int | None,
-        typer.Option("--gpus-per-node", help="Devices per node (default: the preset's)."),
-    ] = None,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
-    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree (dp = gpus / (tp·pp)).")] = 8,
-    global_batch: Annotated[
-        int | None,
-        typer.Option("--global-batch", help="Samples per optimiser step (default dp·micro-batch)."),
-    ] = 1536,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per microbatch.")] = 1,
-    schedule: Annotated[
-        str | None,
-        typer.Option(
-            help="gpipe, 1f1b or interleaved (default 1f1b, interleaved if --interleave > 1)."
-        ),
-    ] = None,
-    interleave: Annotated[
-        int, typer.Option(help="Model chunks per device (v) for the interleaved schedule.")
-    ] = 1,
-    recompute: Annotated[
-        str, typer.Option(help="Activation recomputation: none, selective or full.")
-    ] = "full",
-    sequence_parallel: Annotated[
-        bool,
-        typer.Option(
-            "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism."
-        ),
-    ] = False,
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3.")] = 0,
-    dtype: Annotated[str, typer.Option(help="fp32, tf32, bf16, fp16 or fp8.")] = "bf16",
-    dp_overlap: Annotated[
-        bool,
-        typer.Option(
-            "--dp-overlap/--no-dp-overlap",
-            help="Overlap the DP gradient reduction with the backward pass.",
-        ),
-    ] = True,
-    fused_attention: Annotated[
-        bool | None,
-        typer.Option(
-            "--fused-attention/--no-fused-attention",
-            help="A fused attention kernel (FlashAttention): no s x s scores stored or written "
-            "(default: the model preset's, on for Llama, Mixtral, Qwen3, DeepSeek-V3 and GPT-OSS, "
-            "off for GPT-2/GPT-3).",
-            show_default=False,
-        ),
-    ] = None,
-    cp: CpOpt = 1,
-    ep: EpOpt = 1,
-    etp: EtpOpt = 1,
-    shard_size: ShardSizeOpt = 0,
-    recompute_layers: RecomputeLayersOpt = 0,
-    tp_overlap: TpOverlapOpt = False,
-    grad_reduce_dtype: GradReduceOpt = "auto",
-    moe_imbalance: MoeImbalanceOpt = 1.0,
-    moe_dispatch: MoeDispatchOpt = "alltoall",
-    moe_overlap: MoeOverlapOpt = False,
-    cp_comm: CpCommOpt = "p2p",
-    reshard_after_forward: ReshardOpt = True,
-    fsdp_step_gather: FsdpStepGatherOpt = False,
-    recompute_modules: RecomputeModulesOpt = "",
-    param_remainders: ParamRemaindersOpt = False,
-    fsdp_fp32_params: FsdpFp32ParamsOpt = False,
-    logit_bytes: LogitBytesOpt = 4.0,
-    eager: EagerOpt = False,
-    attention_kernel: AttentionKernelOpt = "cudnn",
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
+    stack: StackOpt = None,
+    settings: SetOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     utilisation: UtilisationOpt = None,
     pue: PueOpt = None,
+    failures=None,
     sensitivity: SensitivityOpt = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
-    with guard(FLAGS | PLAN_FLAGS):
-        planned = PlanOptions(tokens, price_per_gpu_hour, utilisation, pue, profile)
-        if planned.price_per_gpu_hour_usd is not None:
-            hardware = planned.hardware(hardware, hardware_file)
-            hardware_file = None
-        doc = estimate_one(
-            model=model,
-            model_file=model_file,
-            params=params,
-            widths=widths,
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            seq_len=seq_len,
-            vocab=vocab,
-            hardware=hardware,
-            hardware_file=hardware_file,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            tp=tp,
-            pp=pp,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            schedule=schedule,
-            interleave=interleave,
-            recompute=recompute,
-            sequence_parallel=sequence_parallel,
-            zero=zero,
-            dtype=dtype,
-            dp_overlap=dp_overlap,
-            fused_attention=fused_attention,
-            profile=profile,
-            cost_model=cost_model,
-            plan=planned,
-            sensitivity=sensitivity,
-            knobs=estimate_knobs(
-                cp=cp,
-                ep=ep,
-                etp=etp,
-                shard_size=shard_size,
-                recompute_layers=recompute_layers,
-                tp_overlap=tp_overlap,
-                grad_reduce_dtype=grad_reduce_dtype,
-                moe_imbalance=moe_imbalance,
-                moe_dispatch=moe_dispatch,
-                moe_overlap=moe_overlap,
-                cp_comm=cp_comm,
-                reshard_after_forward=reshard_after_forward,
-                fsdp_step_gather=fsdp_step_gather,
-                recompute_modules=recompute_modules,
-                param_remainders=param_remainders,
-                fsdp_fp32_params=fsdp_fp32_params,
-                logit_bytes=logit_bytes,
-                eager=eager,
-                attention_kernel=attention_kernel,
-            ),
-        )
+    with guard(FLAGS):
+        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
+        m = _model(model, model_file, params, widths, (layers, hidden, heads, seq_len, vocab))
+        hw = with_price(resolve_hardware(hardware, hardware_file), price_per_gpu_hour)
+        preset = load_stack(stack, hw)
+        cal = resolve_calibration(hw, profile, preset)
+        consts, cov = cal.constants, cal.covariance
+        given = with_defaults(with_settings(knobs, settings), ONE_RUN, preset)
+        est = estimate(m, hw, constants=consts, cost_model=cost_model, stack=preset, **given)
+        doc = est.to_dict()
+        doc["constants"] = cal.to_dict()
+        add_intervals(doc, est, consts, cov)
+        if plan.count is not None:
+            dof = None if cov is None else cov.dof
+            add_plan(doc, hw, plan.count, failures=failures, dof=dof, **plan.args())
+        if sensitivity:
+            doc.update(elasticities(m, hw, consts, est.strategy, cost_model).to_dict())
         if json_out:
             print_json(doc)
             return
-        print_estimate(doc)
-        print_plan(doc)
+        render.print_estimate(doc)
+
+
+@app.command("grid")
+@knob_options(many=True, exclude=("dp", "num_microbatches"))
+@failure_options
+def grid_command(
+    knobs: dict,
+    model: ModelsOpt = None,
+    model_file: ModelFileOpt = None,
+    params: ParamsOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    seq_len: SeqLenOpt = None,
+    vocab: VocabOpt = None,
+    hardware: HardwaresOpt = None,
+    hardware_file: HardwareFileOpt = None,
+    profile: ProfileOpt = None,
+    cost_model: CostModelOpt = "aisim",
+    stack: StackOpt = None,
+    settings: SetOpt = None,
+    allow_cross_node_tp: CrossNodeOpt = False,
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
+    utilisation: UtilisationOpt = None,
+    pue: PueOpt = None,
+    failures=None,
+    top: TopOpt = 10,
+    rank_by: RankOpt = "throughput",
+    sensitivity: SensitivityOpt = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            rich_help_panel=OUTPUT,
+            help="Write every feasible strategy (.csv, .parquet or .json).",
+        ),
+    ] = None,
+    plot: PlotOpt = None,
+    wide: WideOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
+    1024 x A100-80GB, global batch 1536)."""
+    with guard(FLAGS):
+        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
+        check_out_suffix(out)
+        _check_png(plot)
+        dims = (layers, hidden, heads, seq_len, vocab)
+        models = [_model(n, model_file, params, dims=dims) for n in split_list(model) or [None]]
+        devices = [
+            with_price(resolve_hardware(h, hardware_file), price_per_gpu_hour)
+            for h in (split_list(hardware) or [None])[: 1 if hardware_file else None]
+        ]
+        values = grid_values(with_settings(knobs, settings))
+        preset = load_stack(stack, devices[0])
+
+        def consts(hw):
+            return resolve_constants(hw, profile, preset)
+
+        def cov_for(hw):
+            return resolve_calibration(hw, profile, preset).covariance
+
+        with render.SweepProgress(enabled=not json_out) as progress:
+            result = plan_sweep(
+                models, devices, tokens=plan.count, price_per_gpu_hour_usd=price_per_gpu_hour,
+                num_gpus=values.pop("num_gpus", None),
+                global_batch=values.pop("global_batch_size", None),
+                constants=consts, cost_model=cost_model, top=top,
+                rank_by=rank_by, keep_all=out is not None,
+                allow_cross_node_tp=allow_cross_node_tp, progress=progress,
+                stack=preset, failures=failures if plan.count else None,
+                **plan.args(), **values,
+            )  # fmt: skip
+        annotate_sweep(
+            result, cost_model, constants_for=consts, cov_for=cov_for, tokens=plan.count,
+            price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.args(),
+        )  # fmt: skip
         if sensitivity:
-            console.print(doc["bound_by_text"], highlight=False)
+            best = result.best
+            pair = next(p for p in result.searches if p.hardware.name == best["hardware"])
+            c = consts(pair.hardware)
+            est = estimate_row(best, pair.model, pair.hardware, c)
+            best.update(
+                elasticities(pair.model, pair.hardware, c, est.strategy, cost_model).to_dict()
+            )
+        doc = render.sweep_document(result)
+        if out is not None and result.all_feasible is not None:
+            write_table(result.all_feasible, out)
+        if plot is not None:
+            plot_sweep(doc, plot)
+        if json_out:
+            print_json(doc)
+            return
+        render.print_sweep(doc, wide=wide)
+        render.wrote(out, f"{doc['feasible']} feasible strategies to ")
+        render.wrote(plot)
 
 
-def print_estimate(doc: dict) -> None:
-    """A rich table of one estimate, for people."""
-    title = (
-        f"{doc['model']} on {doc['num_gpus']} x {doc['hardware']}: dp={doc['dp']} tp={doc['tp']} "
-        f"pp={doc['pp']} mbs={doc['micro_batch_size']} m={doc['num_microbatches']} "
-        f"{doc['schedule']} v={doc['interleave']} zero={doc['zero_stage']} recompute={doc['recompute']} "
-        f"sp={'on' if doc['sequence_parallel'] else 'off'} {doc['dtype']}"
-        + (" fused-attention" if doc.get("fused_attention") else "")
-        + "".join(f" {k}={doc[k]}" for k in ("cp", "ep", "etp") if doc.get(k, 1) > 1)
-        + (f" shard={doc['shard_size']}" if doc.get("shard_size") else "")
-        + (f" recompute-layers={doc['recompute_layers']}" if doc.get("recompute_layers") else "")
-        + (" tp-overlap" if doc.get("tp_overlap") else "")
-        + f" [{doc['cost_model']}]"
-    )
-    console.print(title, highlight=False)
-    t = Table()
-    t.add_column("term")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    total = doc["step_time_s"]
-    for k in BREAKDOWN_TERMS:
-        v = doc["breakdown"][k]
-        t.add_row(k.removesuffix("_s"), f"{v:.4g}", f"{100 * v / total:.1f}%")
-    t.add_row("[bold]step time[/bold]", f"[bold]{total:.4g}[/bold]", "100%")
-    console.print(t)
-    mem = doc["memory"]
-    console.print(
-        f"throughput {doc['throughput_samples_per_s']:.4g} samples/s, {doc['tokens_per_s']:.4g} tokens/s; "
-        f"MFU {100 * doc['mfu']:.1f}%, HFU {100 * doc['hfu']:.1f}%; "
-        f"{doc['model_tflops_per_gpu']:.1f} model TFLOP/s per GPU"
-    )
-    console.print(
-        f"memory per device {mem['total_bytes'] / units.GIB:.1f} GiB (weights {mem['weights_bytes'] / units.GIB:.1f}, "
-        f"gradients {mem['gradients_bytes'] / units.GIB:.1f}, optimizer {mem['optimizer_bytes'] / units.GIB:.1f}, "
-        f"activations {mem['activations_bytes'] / units.GIB:.1f}); "
-        + (
-            "[green]feasible[/green]"
-            if doc["feasible"]
-            else "[red]infeasible: "
-            + ("does not fit in device memory" if not doc["fits_memory"] else "invalid strategy")
-            + "[/red]"
-        )
-    )
+@app.command("sensitivity")
+@knob_options(defaults=ONE_RUN)
+def sensitivity_command(
+    knobs: dict,
+    model: ModelOpt = None,
+    model_file: ModelFileOpt = None,
+    hardware: HardwareOpt = None,
+    hardware_file: HardwareFileOpt = None,
+    profile: ProfileOpt = None,
+    cost_model: CostModelOpt = "aisim",
+    stack: StackOpt = None,
+    settings: SetOpt = None,
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best",
+            rich_help_panel="Layout",
+            help="Search the grid at this GPU count and batch; study its best.",
+        ),
+    ] = False,
+    capacity: Annotated[
+        bool,
+        typer.Option(
+            "--capacity/--no-capacity",
+            rich_help_panel=OUTPUT,
+            help="Also what device memory changes.",
+        ),
+    ] = True,
+    out: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What limits a run: the elasticity of the step time to each hardware quantity and
+    calibrated constant (jax.grad through the model), and what device memory changes."""
+    with guard(FLAGS):
+        check_out_suffix(out)
+        m = _model(model, model_file)
+        hw = resolve_hardware(hardware, hardware_file)
+        preset = load_stack(stack, hw)
+        given = with_settings(knobs, settings)
+        if not best:  # the grid searches what the user did not fix
+            given = with_defaults(given, ONE_RUN, preset)
+        gpus = given.pop("num_gpus", ONE_RUN["num_gpus"])
+        batch = given.pop("global_batch_size", ONE_RUN["global_batch_size"])
+        doc = sensitivity_report(
+            m, hw, resolve_constants(hw, profile, preset), num_gpus=int(gpus),
+            global_batch=int(batch),
+            knobs=given, best=best, capacity=capacity, cost_model=cost_model, stack=preset,
+        )  # fmt: skip
+        if out is not None:
+            write_table(render.elasticity_frame(doc), out)
+        if json_out:
+            print_json(doc)
+            return
+        render.print_sensitivity(doc)
+        render.wrote(out)
 
 
-def _register_grid() -> None:
-    from aisim.perf_grid import grid_command
-
-    app.command("grid")(grid_command)
-
-
-_register_grid()
-
-
-def _register_planning() -> None:
-    from aisim.perf_compare import compare_command
-    from aisim.perf_sensitivity import sensitivity_command
-
-    app.command("sensitivity")(sensitivity_command)
-    app.command("compare")(compare_command)
-
-
-_register_planning()
+@app.command("compare")
+@knob_options(many=True, exclude=("dp", "num_microbatches", "num_gpus", "global_batch_size"))
+@failure_options
+def compare_command(
+    knobs: dict,
+    hardware: Annotated[
+        list[str],
+        typer.Option(
+            "--hardware",
+            rich_help_panel="Hardware",
+            help="Hardware presets to compare, comma-separated.",
+        ),
+    ],
+    tokens: Annotated[
+        str,
+        typer.Option(
+            "--tokens", rich_help_panel="Planning", help="Tokens to train on, e.g. 15T or 300B."
+        ),
+    ],
+    model: ModelOpt = None,
+    model_file: ModelFileOpt = None,
+    gpus: Annotated[
+        int,
+        typer.Option("--gpus", rich_help_panel="Layout", help="Total devices on each hardware."),
+    ] = 1024,
+    global_batch: Annotated[
+        int,
+        typer.Option(
+            "--global-batch", rich_help_panel="Batching", help="Samples per optimiser step."
+        ),
+    ] = 1536,
+    rank_by: Annotated[
+        str,
+        typer.Option(
+            "--rank-by",
+            rich_help_panel=OUTPUT,
+            help="Each hardware's best by time, cost or energy.",
+        ),
+    ] = "time",
+    profile: ProfileOpt = None,
+    stack: StackOpt = None,
+    settings: SetOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
+    utilisation: UtilisationOpt = None,
+    pue: PueOpt = None,
+    failures=None,
+    plot: PlotOpt = None,
+    out: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Hardware side by side: each one's best strategy, time, cost and energy to train."""
+    with guard(FLAGS):
+        check_out_suffix(out)
+        _check_png(plot)
+        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
+        devices = [resolve_hardware(h) for h in split_list(hardware) or []]
+        preset = load_stack(stack, devices[0] if devices else None)
+        given = with_settings(knobs, settings)
+        for name, option in (("num_gpus", "--gpus"), ("global_batch_size", "--global-batch")):
+            if name in given:  # compare's own option, one value for every hardware
+                raise bad_value(None, "set", f"{name}={given[name]}", f"{option} instead")
+        doc = compare_hardware(
+            _model(model, model_file), devices, tokens=plan.count, num_gpus=gpus,
+            global_batch=global_batch, rank_by=rank_by,
+            constants_for=lambda hw: resolve_constants(hw, profile, preset), stack=preset,
+            price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.args(),
+            **grid_values(given),
+        )  # fmt: skip
+        if plot is not None:
+            plot_compare(doc, plot)
+        if out is not None:
+            rows = [{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]]
+            write_table(render.frame(rows), out)
+        if json_out:
+            print_json(doc)
+            return
+        render.print_compare(doc)
+        for path in (plot, out):
+            render.wrote(path)

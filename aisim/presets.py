@@ -1,4 +1,5 @@
-"""`aisim presets [hardware|models]`: lists the shipped hardware and model presets."""
+"""`aisim presets [hardware|models|stacks]`: lists the shipped hardware, model and software-stack
+presets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from typing import Annotated
 import typer
 
 from aisim.console import fitted_table, guard, print_json, print_table
-from perfmodel import Dtype, hardware_names, load_hardware, load_model, model_names, total_params
+from perfmodel import (
+    Dtype,
+    explain,
+    hardware_names,
+    load_hardware,
+    load_model,
+    load_stack,
+    model_names,
+    stack_names,
+    total_params,
+)
+from perfmodel.plan.stack_constants import CARRIED
 from simbase import units
 from simbase.errors import AisimError
 
@@ -59,6 +71,57 @@ def model_rows() -> list[dict]:
             }
         )
     return rows
+
+
+def stack_rows() -> list[dict]:
+    """One dict per stack preset and version: what it covers, and the hardware its constants
+    were fitted on (runs, leave-one-source-out error)."""
+    rows = []
+    for name in stack_names():
+        preset = load_stack(name)
+        doc = preset.document
+        version = name.partition("@")[2]
+        desc = (doc.get("variants", {}).get(version, {}) if version else doc).get("description")
+        fitted = {
+            hw: {"runs": e.get("runs"), "sources": len(e.get("sources") or []),
+                 "leave_one_source_out_pct": (e.get("error_pct") or {}).get("leave_one_source_out")}
+            for hw, e in preset.constants.items()
+            if hw != CARRIED and isinstance(e, dict) and e.get("status") == "fitted"
+        }  # fmt: skip
+        rows.append({"name": name, "description": desc or "", "fitted_on": fitted})
+    return rows
+
+
+def stack_table(rows: list[dict], *, wide: bool = False):
+    """The stack presets for people: each one's fitted hardware (its runs)."""
+    cells = [
+        [r["name"], ", ".join(f"{hw} ({v['runs']})" for hw, v in r["fitted_on"].items()) or "-",
+         r["description"]]
+        for r in rows
+    ]  # fmt: skip
+    return fitted_table(
+        ("name", "constants fitted on (runs)", "description"),
+        cells,
+        drop=("description",),
+        left=("name", "constants fitted on (runs)", "description"),
+        wide=wide,
+        title="software stacks (other hardware: the preset's efficiencies, the stack's host costs)",
+        title_justify="center",
+    )
+
+
+def explain_table(stack: str, rows: list[dict], *, wide: bool = False):
+    """One stack's behaviours and recipe defaults for people, each with its source."""
+    cells = [[r["kind"], r["knob"], r["value"], r["source"]] for r in rows]
+    return fitted_table(
+        ("kind", "knob", "value", "source"),
+        cells,
+        drop=("source",),
+        left=("kind", "knob", "value", "source"),
+        wide=wide,
+        title=f"{stack}: behaviours, and recipe defaults for the knobs a user does not give",
+        title_justify="center",
+    )
 
 
 HARDWARE_HEADERS = (
@@ -134,23 +197,42 @@ def model_table(rows: list[dict], *, wide: bool = False):
 
 
 def presets(
-    kind: Annotated[str, typer.Argument(help="hardware or models (default: both)")] = "all",
+    kind: Annotated[
+        str, typer.Argument(help="hardware, models or stacks (default: all three)")
+    ] = "all",
+    name: Annotated[
+        str | None,
+        typer.Argument(help="With 'stacks': one stack's behaviours and defaults, with sources."),
+    ] = None,
     wide: Annotated[
         bool,
         typer.Option("--wide", help="Show every column, even wider than the terminal."),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
-    """List the shipped hardware and model presets."""
+    """List the shipped hardware, model and software-stack presets."""
     with guard():
         kind = kind.lower()
-        if kind not in ("all", "hardware", "models", "model"):
-            raise AisimError(f"presets: argument 'kind' = {kind!r}: expected hardware or models")
+        if name is not None:
+            if kind not in ("stacks", "stack"):
+                raise AisimError(f"presets: argument 'name' = {name!r}: only 'stacks' takes a name")
+            rows = explain(load_stack(name))
+            if json_out:
+                print_json({"stack": load_stack(name).name, "knobs": rows})
+                return
+            print_table(explain_table(load_stack(name).name, rows, wide=wide), wide=wide)
+            return
+        if kind not in ("all", "hardware", "models", "model", "stacks", "stack"):
+            raise AisimError(
+                f"presets: argument 'kind' = {kind!r}: expected hardware, models or stacks"
+            )
         doc = {}
         if kind in ("all", "hardware"):
             doc["hardware"] = hardware_rows()
         if kind in ("all", "models", "model"):
             doc["models"] = model_rows()
+        if kind in ("all", "stacks", "stack"):
+            doc["stacks"] = stack_rows()
         if json_out:
             print_json(doc)
             return
@@ -158,6 +240,8 @@ def presets(
             print_table(hardware_table(doc["hardware"], wide=wide), wide=wide)
         if "models" in doc:
             print_table(model_table(doc["models"], wide=wide), wide=wide)
+        if "stacks" in doc:
+            print_table(stack_table(doc["stacks"], wide=wide), wide=wide)
 
 
 def _f(v) -> str:

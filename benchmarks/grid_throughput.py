@@ -5,7 +5,7 @@ Measures, after compilation:
      ``jit(vmap(step_time))``) on the GPT-3 175B / 1024 x A100-80GB grid tiled to ``--rows`` rows,
      with the arrays already on the device, with all outputs and with the on-device top-k
      reduction that ``aisim perf grid`` runs (which also gathers the chosen rows' breakdowns);
-  2. the compile options of small grids (``perfmodel.step_time.compile_options``): the CLI grid's
+  2. the compile options of small grids (``perfmodel.search.evaluate.compile_options``): the CLI grid's
      bucket compiled and run with XLA's defaults and with the fast compilation, and the grid size
      up to which the fast compilation pays;
   3. the same step function called one strategy at a time from a Python loop (jitted, on a
@@ -23,7 +23,6 @@ Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--d
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -75,18 +74,15 @@ def main() -> None:
         evaluate_grid,
         load_hardware,
         load_model,
-        make_strategy,
         step_time,
         sweep,
     )
 
-    # the on-device reduction's parts, timed one by one (internals, not public API)
-    from perfmodel import search as srch
-    from perfmodel.step_time import _evaluate_grid
-
-    st = importlib.import_module(
-        "perfmodel.step_time"
-    )  # the module (the package exports the function)
+    # the on-device reduction's parts and the compile options, timed one by one (internals,
+    # not public API)
+    from perfmodel.search import evaluate as ev
+    from perfmodel.search import reduce as srch
+    from perfmodel.search.evaluate import _evaluate_grid
 
     m, hw = load_model("gpt3-175b"), load_hardware("a100-80gb")
     spec = m.spec
@@ -124,8 +120,12 @@ def main() -> None:
     )
     placed = jax.tree.map(lambda a: jax.device_put(a, sharding), big.strategy())
     t = time.perf_counter()
-    jax.block_until_ready(
-        _evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ())
+    outputs = len(
+        jax.tree.leaves(
+            jax.block_until_ready(
+                _evaluate_grid(step_time, None, spec, hw.spec, hw.constants, placed, None, ())
+            )
+        )
     )
     compile_full = time.perf_counter() - t
     dt_full = best_of(
@@ -159,7 +159,7 @@ def main() -> None:
     # 1c. from numpy columns, including the host -> device transfer of the grid
     dt_host = best_of(lambda: evaluate_grid(spec, hw.spec, hw.constants, big.strategy()))
 
-    # 2. the compile options for small grids (perfmodel.step_time.compile_options): the CLI's
+    # 2. the compile options for small grids (perfmodel.search.evaluate.compile_options): the CLI's
     # grid padded to its bucket, compiled and run with XLA's defaults and with the fast compile
     small_rows = srch.bucket_rows(len(grid))
     small = StrategyGrid(
@@ -176,8 +176,8 @@ def main() -> None:
     )
     reduce_small = srch._reducer(10, len(srch.sweep_points(grid)[1]), 256, "throughput")
     trade = {}
-    for label, options in (("XLA defaults", None), ("fast compile", st._FAST_COMPILE)):
-        jitted = jax.jit(st._evaluate_grid_impl, static_argnums=(0, 1), compiler_options=options)
+    for label, options in (("XLA defaults", None), ("fast compile", ev._FAST_COMPILE)):
+        jitted = jax.jit(ev._evaluate_grid_impl, static_argnums=(0, 1), compiler_options=options)
         t = time.perf_counter()
         jax.block_until_ready(jitted(step_time, reduce_small, *small_args))
         compile_s = time.perf_counter() - t
@@ -187,8 +187,9 @@ def main() -> None:
     # 3. one at a time from Python, the same step function jitted
     one = jax.jit(step_time)
     rng = np.random.default_rng(0)
+    every = grid.strategy()  # the grid's rows, with its stack and scope (one compiled program)
     sample = [
-        make_strategy(**{k: float(v[i]) for k, v in grid.columns.items()})
+        jax.tree.map(lambda a, i=i: a[i], every)
         for i in rng.choice(len(grid), size=args.loop, replace=False)
     ]
     jax.block_until_ready(one(spec, hw.spec, hw.constants, sample[0]))
@@ -206,7 +207,7 @@ def main() -> None:
     print()
     print(f"grid evaluation after compilation (best of {args.repeats}):")
     print(
-        f"  all 28 outputs, arrays on device      {rate['full'] / 1e6:8.2f} M configs/s  "
+        f"  all {outputs} outputs, arrays on device      {rate['full'] / 1e6:8.2f} M configs/s  "
         f"({dt_full * 1e3:.0f} ms for {args.rows} rows; compile {compile_full:.2f} s)"
     )
     print(
@@ -231,7 +232,7 @@ def main() -> None:
         print(
             f"  the fast compile saves {c_def - c_fast:.2f} s and costs {per_row * 1e6:.2f} us/row: "
             f"it pays up to ~{(c_def - c_fast) / per_row:,.0f} rows (used up to "
-            f"{st.FAST_COMPILE_ROWS:,})"
+            f"{ev.FAST_COMPILE_ROWS:,})"
         )
     print(
         f"python loop, jit(step_time) per call    {1 / dt_loop:8.0f} configs/s  ({dt_loop * 1e6:.0f} us each, "

@@ -24,10 +24,8 @@ Public API:
   :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`,
   :func:`hardware_for_devices` and :func:`shape_columns` (time real flax training steps here;
   imported on first use, as they load flax).
-- **Collaborative training**: :class:`CollabFit`, :func:`fit_collab`, :func:`load_collab_table`.
 """
 
-from calibration.collab_fit import CollabFit, fit_collab, load_collab_table
 from calibration.colossal import import_logs, parse_log
 from calibration.fit import FitResult, fit
 from calibration.logs import import_logs as import_training_logs
@@ -94,7 +92,6 @@ __all__ = [
     "DEFAULT_FREE",
     "PROFILE_SCHEMA",
     "STATISTICS",
-    "CollabFit",
     "Coverage",
     "Config",
     "FitResult",
@@ -108,12 +105,10 @@ __all__ = [
     "check_config",
     "data_path",
     "fit",
-    "fit_collab",
     "fit_measurements",
     "hardware_for_devices",
     "import_logs",
     "import_training_logs",
-    "load_collab_table",
     "load_measurements",
     "load_profile_constants",
     "load_profile_covariance",

@@ -39,7 +39,7 @@ from calibration.colossal_log import (
     split_runs,
 )
 from calibration.measurements import normalise_measurements, preset_name
-from perfmodel.choices import Recompute, ZeroStage
+from perfmodel.specs.choices import Recompute, ZeroStage
 from simbase.errors import AisimError, bad_value
 
 # benchmark.py's -c presets: Llama-2 shapes that are model presets, and shapes that are not.

@@ -1,9 +1,10 @@
 """The measurement table's vocabulary: canonical columns, their aliases and cell values.
 
 Contract: :data:`ALIASES` maps each canonical column of DESIGN.md's table to the header spellings
-the loader also accepts (Colossal-AI and DistIR names); :func:`rename_columns` maps a table's
-headers to canonical names (any letter case, spaces or dashes), the canonical spelling winning
-over an alias. The cell readers (:func:`isis_blank`, :func:`as_number`, :func:`as_bool`,
+the loader also accepts (Colossal-AI and DistIR names): the table's own columns
+(:data:`TABLE_ALIASES`) and every knob of the registry (:mod:`perfmodel.specs.knobs`), under its
+name and aliases; :func:`rename_columns` maps a table's headers to canonical names (any letter
+case, spaces or dashes), the canonical spelling winning over an alias. The cell readers (:func:`isis_blank`, :func:`as_number`, :func:`as_bool`,
 :func:`preset_name`) say what a cell holds; checking the values against them is
 ``calibration.measurements``' job.
 """
@@ -16,11 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel.choices import Recompute, ZeroStage
+from perfmodel.specs.knobs import KNOBS
 from simbase.parse import bool_word
 
-# canonical name -> accepted aliases (DESIGN.md, "Measurement / configuration CSV").
-ALIASES: dict[str, tuple[str, ...]] = {
+# the measurement table's own columns (model dimensions, hardware, measured values) -> accepted
+# aliases (DESIGN.md, "Measurement / configuration CSV"); every strategy knob of the registry
+# (perfmodel.specs.knobs) is a column too, under its name and the registry's aliases
+TABLE_ALIASES: dict[str, tuple[str, ...]] = {
     "model": ("model_name", "model_size"),
     "num_layers": (),
     "hidden_size": (),
@@ -30,33 +33,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "ffn_hidden_size": (),
     "num_kv_heads": (),
     "hardware": ("gpu", "gpu_type"),
-    "num_gpus": ("world_size",),
-    "gpus_per_node": (),
-    "dp": ("dp_degree", "dp_size", "data_parallel"),
-    "tp": ("hp_degree", "tp_size", "tensor_parallel"),
-    "pp": ("pp_degree", "pp_size", "pipeline_parallel"),
-    "global_batch_size": ("batch_size",),
-    "micro_batch_size": ("microbatch_size", "mbs"),
-    "num_microbatches": (),
-    "interleave": ("pipeline_interleaving", "num_model_chunks"),
-    "recompute": ("recompute_mode", "grad_checkpoint"),
-    "sequence_parallel": (),
-    "dp_overlap": ("overlap_grad_reduce",),
-    "fused_attention": ("flash_attention", "use_flash_attn"),
-    "zero_stage": (),
-    "dtype": ("precision",),
+    "stack": ("software_stack",),
     "step_time_s": ("latency", "measured_iteration_time_s", "avg_duration"),
     "throughput_samples_per_s": ("throughput", "throughput_samples_s"),
     "tflops_per_gpu": (),
     "flop_convention": (),
-    # today's runs (issue 15): context/expert parallelism, HSDP, FP8 and MoE model columns
-    "cp": ("context_parallel_size", "cp_size"),
-    "ep": ("expert_model_parallel_size", "ep_size"),
-    "etp": ("expert_tensor_parallel_size",),
-    "shard_size": ("hsdp_shard_size",),
     "fp8": (),
-    "recompute_layers": ("recompute_num_layers",),
-    "tp_overlap": ("tp_comm_overlap",),
     "num_experts": ("num_moe_experts",),
     "experts_per_token": ("moe_router_topk",),
     "moe_ffn_hidden_size": (),
@@ -64,36 +46,25 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "dense_layers": (),
     "head_dim": ("kv_channels",),
 }
+ALIASES: dict[str, tuple[str, ...]] = TABLE_ALIASES | {k.name: k.aliases for k in KNOBS}
 CANONICAL: tuple[str, ...] = tuple(ALIASES)
+KNOB_COLUMNS: tuple[str, ...] = tuple(k.name for k in KNOBS)
 
-# Columns holding a positive integer count; zero_stage is checked on its own (0-3).
+# Model-dimension columns holding a positive integer count.
 POSITIVE_INT = (
     "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn_hidden_size",
-    "num_kv_heads", "num_gpus", "gpus_per_node", "dp", "tp", "pp", "global_batch_size",
-    "micro_batch_size", "num_microbatches", "interleave", "cp", "ep", "etp",
+    "num_kv_heads",
 )  # fmt: skip
-# Integer columns where 0 means "the default" (all dp·cp ranks, every layer, dense, ...).
+# Model-dimension columns where 0 means "none" (dense, the default head size).
 NON_NEGATIVE_INT = (
-    "shard_size", "recompute_layers", "num_experts", "experts_per_token",
-    "moe_ffn_hidden_size", "shared_experts", "dense_layers", "head_dim",
+    "num_experts", "experts_per_token", "moe_ffn_hidden_size", "shared_experts", "dense_layers",
+    "head_dim",
 )  # fmt: skip
 POSITIVE_FLOAT = ("step_time_s", "throughput_samples_per_s", "tflops_per_gpu")
-BOOLEAN = ("sequence_parallel", "dp_overlap", "fused_attention", "tp_overlap")
 # an ``fp8`` cell: yes/no, or the Transformer Engine scaling recipe the run used (which means yes)
 FP8_RECIPES = ("tensorwise", "delayed", "current", "mxfp8", "blockwise", "hybrid", "e4m3")
 MEASURED = ("step_time_s", "throughput_samples_per_s")
 DIMENSIONS = ("num_layers", "hidden_size")  # the least a 'custom' model must give
-
-RECOMPUTE = Recompute.labels()
-ZERO_STAGES = tuple(int(z) for z in ZeroStage)
-DTYPES: dict[str, str] = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "32": "fp32",
-    "tf32": "tf32", "tensorfloat32": "tf32",
-    "bf16": "bf16", "bfloat16": "bf16", "bf16-mixed": "bf16", "amp_bf16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16", "16": "fp16",
-    "fp16-mixed": "fp16", "amp": "fp16", "amp_fp16": "fp16", "mixed": "fp16",
-    "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
-}  # fmt: skip
 NOT_MEASURED_KINDS = ("simulated", "simulation", "predicted", "estimated")
 
 

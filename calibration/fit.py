@@ -25,8 +25,8 @@ from jax.flatten_util import ravel_pytree
 from calibration.objective import objective, predicted_step_time_s
 from calibration.parameterization import Parameterization
 from calibration.rows import RowBatch
-from perfmodel.constants import Constants
-from perfmodel.uncertainty import ConstantsCovariance
+from perfmodel.plan.uncertainty import ConstantsCovariance
+from perfmodel.specs.constants import Constants
 
 ADAM_STEPS = 300
 ADAM_LR = 0.05
@@ -62,7 +62,7 @@ class FitResult:
     cv_error_pct: np.ndarray
     cv_method: str
     loss: float
-    # the fitted constants' covariance (perfmodel.uncertainty), None with no more rows than
+    # the fitted constants' covariance (perfmodel.plan.uncertainty), None with no more rows than
     # free constants
     covariance: ConstantsCovariance | None = None
 
@@ -236,7 +236,7 @@ def fit_covariance(
     weights: np.ndarray | None = None,
 ) -> ConstantsCovariance | None:
     """The covariance of the constants fitted to the rows with weight > 0 (``raw``), over the
-    :class:`~perfmodel.constants.Constants` entries they move, with the residual variance of
+    :class:`~perfmodel.specs.constants.Constants` entries they move, with the residual variance of
     the log step times (see :mod:`calibration.intervals`); None with no more rows than free
     constants."""
     from calibration.intervals import constants_covariance

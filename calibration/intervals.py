@@ -4,7 +4,7 @@ Contract: :func:`constants_covariance` maps the fit's raw-space covariance
 ``Cov(θ) ≈ σ²/N · H⁻¹`` (:mod:`calibration.fit`) to the constants the model reads, by the delta
 method ``Cov(x) = J Cov(θ) Jᵀ`` with ``J = ∂x/∂θ``; a shorthand such as ``efficiency`` (one logit
 shift of several fields) is expanded into the fields it moves, so that the covariance is over
-plain :class:`~perfmodel.constants.Constants` entries and :mod:`perfmodel.uncertainty` can use it
+plain :class:`~perfmodel.specs.constants.Constants` entries and :mod:`perfmodel.plan.uncertainty` can use it
 without knowing the parameterization. :func:`loo_coverage` fits without each row in turn,
 predicts the row with its interval, and counts how often the measurement falls inside.
 """
@@ -21,7 +21,7 @@ from jax.flatten_util import ravel_pytree
 from calibration.objective import predicted_step_time_s
 from calibration.parameterization import GROUPS, Parameterization
 from calibration.rows import RowBatch
-from perfmodel.uncertainty import (
+from perfmodel.plan.uncertainty import (
     DEFAULT_LEVEL,
     ConstantsCovariance,
     entry_values,
@@ -31,7 +31,7 @@ from perfmodel.uncertainty import (
 
 
 def covaried_entries(param: Parameterization) -> tuple[str, ...]:
-    """The :class:`~perfmodel.constants.Constants` entries a parameterization moves (its free
+    """The :class:`~perfmodel.specs.constants.Constants` entries a parameterization moves (its free
     entries, with each shorthand expanded into its members), each once, in order."""
     out: list[str] = []
     for e in param.free:

@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simbase.errors import AisimError, bad_value
+from simbase.parse import check_seed
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 # device_kind substrings -> hardware preset, most specific first.
@@ -335,6 +336,7 @@ def measure_many(
     """
     if statistic not in STATISTICS:
         raise bad_value(None, "statistic", statistic, "one of " + ", ".join(STATISTICS))
+    check_seed(seed)
     devices = list(devices or jax.devices())
     for shape, cfg in jobs:
         check_config(shape, cfg, len(devices))

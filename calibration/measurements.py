@@ -15,8 +15,9 @@ columns pass through unchanged. Every bad cell is reported as ``FILE:ROW: field 
 = V: expected ...``; all of them are collected into one :class:`InvalidRows` error (first
 line a summary; its ``problems`` are the cells as data), or, with ``skip_bad_rows=True``, their rows are dropped and the messages
 are kept in ``df.attrs['skipped']``. Integer knobs use pandas' nullable ``Int64`` (``.astype(float)``
-turns blanks into NaN), ``sequence_parallel``, ``dp_overlap`` and ``fused_attention`` the nullable
-``boolean``.
+turns blanks into NaN), on/off knobs the nullable ``boolean``, named choices their labels; every
+knob column is read and checked by the knob registry (:mod:`perfmodel.specs.knobs`), so a
+column means what the same option means on the command line.
 """
 
 from __future__ import annotations
@@ -34,17 +35,14 @@ import pandas as pd
 from calibration.columns import (  # noqa: F401  (CANONICAL, MEASURED: re-exported)
     ALIAS_OF,
     ALIASES,
-    BOOLEAN,
     CANONICAL,
     DIMENSIONS,
-    DTYPES,
+    KNOB_COLUMNS,
     MEASURED,
     NON_NEGATIVE_INT,
     NOT_MEASURED_KINDS,
     POSITIVE_FLOAT,
     POSITIVE_INT,
-    RECOMPUTE,
-    ZERO_STAGES,
     as_bool,
     as_fp8,
     as_number,
@@ -53,7 +51,7 @@ from calibration.columns import (  # noqa: F401  (CANONICAL, MEASURED: re-export
     preset_name,
     rename_columns,
 )
-from perfmodel.choices import Dtype
+from perfmodel.specs.knobs import BY_NAME, Knob
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_text
 
@@ -64,9 +62,9 @@ def _preset_names(kind: str) -> list[str] | None:
     """The preset names of ``kind`` ('model' or 'hardware'), or None while unavailable."""
     try:
         if kind == "model":
-            from perfmodel.workload import model_names
+            from perfmodel.specs.model import model_names
         else:
-            from perfmodel.hardware import hardware_names as model_names
+            from perfmodel.specs.hardware import hardware_names as model_names
     except ImportError:
         return None
     return list(model_names())
@@ -172,7 +170,7 @@ def normalise_measurements(
     _derive_parallel(out, problems)
     _check_rows(out, problems, purpose)
     out["measured_step_time_s"], out["has_measurement"] = _measured(out)
-    for col in POSITIVE_INT + NON_NEGATIVE_INT + ("zero_stage",):
+    for col in POSITIVE_INT + NON_NEGATIVE_INT + _INT_KNOBS:
         if col in out.columns:
             out[col] = _to_int(out[col])
     out["source_file"] = source
@@ -191,35 +189,55 @@ def _with_defaults(df: pd.DataFrame, defaults: Mapping[str, Any] | None) -> pd.D
     return df
 
 
+_INT_KNOBS = tuple(k for k in KNOB_COLUMNS if BY_NAME[k].numeric and BY_NAME[k].kind is not float)
+
+
 def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
-    """Numbers, preset names, dtype and recompute labels and yes/no switches, checked cell by
+    """Numbers, preset names and every knob column (read by the registry), checked cell by
     cell (a bad cell is a problem and becomes blank)."""
     out = df.copy()
-    for col in POSITIVE_INT + NON_NEGATIVE_INT + POSITIVE_FLOAT + ("zero_stage",):
+    for col in POSITIVE_INT + NON_NEGATIVE_INT + POSITIVE_FLOAT:
         if col in df.columns:
             out[col] = _numbers(df[col], col, problems)
-    for col in ("model", "hardware"):
+    for col in ("model", "hardware", "stack"):
         if col in df.columns:
             out[col] = pd.Series(
                 [np.nan if is_blank(v) else preset_name(v) for v in df[col]],
                 index=df.index,
                 dtype=object,
             )
-    if "dtype" in df.columns:
-        out["dtype"] = _choice(df["dtype"], "dtype", problems, lambda s: DTYPES.get(s),
-                               "one of " + ", ".join(Dtype.labels()))  # fmt: skip
-    if "recompute" in df.columns:
-        out["recompute"] = _choice(df["recompute"], "recompute", problems,
-                                   lambda s: s if s in RECOMPUTE else None,
-                                   "one of " + ", ".join(RECOMPUTE))  # fmt: skip
-    for col in BOOLEAN:
-        if col in df.columns:
-            out[col] = _booleans(df[col], col, problems)
+    for col in (c for c in df.columns if c in KNOB_COLUMNS):  # a row's problems in column order
+        out[col] = _knob_cells(df[col], BY_NAME[col], problems)
     if "fp8" in df.columns:
         out["fp8"] = _booleans(df["fp8"], "fp8", problems, read=as_fp8,
                                expected="yes/no, or an FP8 recipe (tensorwise, delayed, ...)")  # fmt: skip
         _fp8_dtype(out, problems)
     return out
+
+
+def _knob_cells(col: pd.Series, knob: Knob, problems: _Problems) -> pd.Series:
+    """A knob column parsed by the registry: numbers (NaN when blank), switches as the
+    nullable ``boolean``, choices by label, recompute modules by name."""
+    vals: list[Any] = []
+    for i, v in enumerate(col):
+        if is_blank(v):
+            vals.append(pd.NA if knob.kind is bool else np.nan)
+            continue
+        try:
+            x = knob.parse(str(v).strip() if isinstance(v, str) else v)
+        except AisimError as e:
+            problems.add(i, knob.name, v, e.expected)
+            vals.append(pd.NA if knob.kind is bool else np.nan)
+            continue
+        vals.append(
+            float(x)
+            if knob.numeric
+            else (x if knob.kind is bool or isinstance(knob.kind, dict) else knob.label(x))
+        )
+    if knob.kind is bool:
+        return pd.array(vals, dtype="boolean")
+    numeric = knob.numeric
+    return pd.Series(vals, index=col.index, dtype=float if numeric else object)
 
 
 def _fp8_dtype(df: pd.DataFrame, problems: _Problems) -> None:
@@ -338,7 +356,7 @@ def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
 
 def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
     vals = np.full(len(col), np.nan)
-    integer = name in POSITIVE_INT or name in NON_NEGATIVE_INT or name == "zero_stage"
+    integer = name in POSITIVE_INT or name in NON_NEGATIVE_INT
     for i, v in enumerate(col):
         if is_blank(v):
             continue
@@ -349,11 +367,6 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
             continue
         if not math.isfinite(x):
             problems.add(i, name, v, "a finite number (leave the cell blank if not measured)")
-        elif name == "zero_stage":
-            if x not in ZERO_STAGES:
-                problems.add(i, name, v, "a ZeRO stage 0, 1, 2 or 3")
-            else:
-                vals[i] = x
         elif name in NON_NEGATIVE_INT:
             if x < 0 or x != round(x):
                 problems.add(i, name, v, "a non-negative integer (0 = the default)")
@@ -366,23 +379,6 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
         else:
             vals[i] = x
     return pd.Series(vals, index=col.index)
-
-
-def _choice(
-    col: pd.Series, name: str, problems: _Problems, lookup: Callable[[str], str | None], expected
-) -> pd.Series:
-    vals: list[Any] = []
-    for i, v in enumerate(col):
-        if is_blank(v):
-            vals.append(np.nan)
-            continue
-        got = lookup(str(v).strip().lower())
-        if got is None:
-            problems.add(i, name, v, expected)
-            vals.append(np.nan)
-        else:
-            vals.append(got)
-    return pd.Series(vals, index=col.index, dtype=object)
 
 
 def _derive_parallel(df: pd.DataFrame, problems: _Problems) -> None:

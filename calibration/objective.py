@@ -18,8 +18,8 @@ import optax
 
 from calibration.parameterization import Parameterization
 from calibration.rows import RowBatch, RowGroup
-from perfmodel.constants import Constants
-from perfmodel.step_time import step_time
+from perfmodel.specs.constants import Constants
+from perfmodel.step.step_time import step_time
 
 HUBER_DELTA = 0.1  # residuals beyond 10% in log space count linearly (robust to outliers)
 PRIOR_WEIGHT = 1e-6  # per raw unit squared: weak, only decides what the data cannot

@@ -1,7 +1,7 @@
 """The free constants of a fit as a PyTree of unconstrained raw values.
 
 Contract: a :class:`Parameterization` names the free entries of
-:class:`perfmodel.constants.Constants` (a field, one tier of a per-tier field, or the shorthand
+:class:`perfmodel.specs.constants.Constants` (a field, one tier of a per-tier field, or the shorthand
 ``efficiency``) and maps a dict of raw scalars (any real number) to a full ``Constants``, the
 other entries staying at the preset's values. Fractions (efficiencies, the DP overlap) pass
 through a sigmoid, so they stay in (0, 1); positive quantities (half-sizes, overheads, latencies,
@@ -23,7 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from perfmodel.constants import TIER_KEYS, Constants
+from perfmodel.specs.constants import TIER_KEYS, Constants
 from simbase.errors import bad_value, suggest
 from simbase.parse import split_list
 
@@ -44,6 +44,11 @@ FIELDS: dict[str, tuple[str, float]] = {
     "attention_efficiency_ratio": ("sigmoid", 1.0),
     "tp_overlap_fraction": ("sigmoid", 1.0),
     "moe_layer_overhead_s": ("softplus", 1e-3),
+    "step_overhead_s": ("softplus", 1e-3),
+    "fabric_congestion": ("softplus", 0.1),
+    "fp8_block_scaled_gemm_ratio": ("sigmoid", 1.0),
+    "fp4_matmul_efficiency_ratio": ("sigmoid", 1.0),
+    "wave_quantization_weight": ("sigmoid", 1.0),
 }
 PER_TIER = ("link_bandwidth_efficiency", "link_latency_s")
 # shorthand -> the sigmoid entries whose logits one shared shift moves

@@ -22,9 +22,10 @@ from calibration.parameterization import parse_free
 from calibration.predict import predict_table
 from calibration.profile import load_profile_constants, load_profile_covariance
 from calibration.rows import RowConfig, build_batch, measured_step_times, resolve_rows
-from perfmodel.constants import Constants
-from perfmodel.hardware import load_hardware
+from perfmodel.specs.constants import Constants
+from perfmodel.specs.hardware import load_hardware
 from simbase.errors import bad_value
+from simbase.parse import check_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +138,7 @@ def fit_measurements(
       AisimError: no measured row, rows on several hardware (or not on ``hardware``), an
         unknown constant name (``field`` ``free``), or a row whose strategy is invalid.
     """
+    check_seed(seed)
     source = _source_of(df, source)
     measured = df[df["has_measurement"].to_numpy(bool)] if "has_measurement" in df else df
     measured = measured.reset_index(drop=True)

@@ -9,7 +9,7 @@ evenly), and, where the row measured a value, ``error_pct`` = 100·(predicted/me
 step time. A knob of :data:`~calibration.rows.SEARCHABLE` whose column is present but whose
 cell is blank is searched (``micro_batch_size`` also when neither it nor the microbatch count is
 given): every combination of candidates that validates is evaluated in one
-:func:`perfmodel.step_time.evaluate_grid` call per row, the fastest feasible one wins, and its
+:func:`perfmodel.search.evaluate.evaluate_grid` call per row, the fastest feasible one wins, and its
 value is written to ``chosen_<knob>``.
 """
 
@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from calibration.rows import SEARCHABLE, RowConfig, row_strategy
-from perfmodel.choices import Recompute, ZeroStage
-from perfmodel.constants import Constants
-from perfmodel.step_time import evaluate_grid
-from perfmodel.strategy import Strategy
-from perfmodel.uncertainty import ConstantsCovariance, prediction_intervals
+from perfmodel.plan.uncertainty import ConstantsCovariance, prediction_intervals
+from perfmodel.search.evaluate import evaluate_grid
+from perfmodel.specs.choices import Recompute, ZeroStage
+from perfmodel.specs.constants import Constants
+from perfmodel.specs.strategy import Strategy
 from simbase.errors import AisimError
 
 MAX_MICRO_BATCH = 64
@@ -116,7 +116,7 @@ def predict_rows(
     """Predictions of each row under ``consts[hardware name]`` (see the module docstring); with
     ``cov`` (a profile's covariance), also the 90% prediction interval of the step time,
     ``step_time_s_lo`` and ``step_time_s_hi``
-    (:func:`perfmodel.uncertainty.prediction_intervals` of the chosen strategy)."""
+    (:func:`perfmodel.plan.uncertainty.prediction_intervals` of the chosen strategy)."""
     records = []
     for rc in rows:
         combos, strategies = row_grid(rc)

@@ -8,20 +8,20 @@ Schema ``aisim.profile/1``::
      "covariance": {"entries": [...], "matrix": [[...]], "residual_variance_log": σ², "dof": N-p}}
 
 ``covariance`` (optional; profiles written before it have only the ``uncertainty`` standard
-deviations) is what :mod:`perfmodel.uncertainty` propagates to prediction intervals.
+deviations) is what :mod:`perfmodel.plan.uncertainty` propagates to prediction intervals.
 
-``constants`` may hold any subset of :class:`perfmodel.constants.Constants` fields; the rest
+``constants`` may hold any subset of :class:`perfmodel.specs.constants.Constants` fields; the rest
 come from the hardware preset. Collaboration profiles (``aisim collab fit``) add their own keys.
 """
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from perfmodel.constants import Constants, constants_from_si_dict
-from perfmodel.uncertainty import ConstantsCovariance, covariance_from_dict
+from perfmodel.plan.uncertainty import ConstantsCovariance, covariance_from_dict
+from perfmodel.specs.constants import Constants, constants_from_si_dict
+from perfmodel.specs.stack_preset import stack_names
 from simbase.errors import AisimError, bad_value
 from simbase.io import read_json
 
@@ -35,7 +35,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
       AisimError: the file is missing or unreadable, not JSON, or not a profile (``source`` is
         the path).
     """
-    path = stack_profile_path(path)
+    path = _profile_path(path)
     doc = read_json(path, what="profile file")
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
         raise bad_value(
@@ -48,27 +48,26 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def stack_profile_path(name: str | Path) -> Path:
-    """A ``--profile`` argument as a file: the path itself when it exists, else the shipped
-    stack profile ``perfmodel/profiles/stacks/NAME.json`` (``megatron-core-h100``, ...).
+def _profile_path(name: str | Path) -> Path:
+    """A ``--profile`` argument as a file. A bare stack name is refused with a pointer to
+    ``--stack``, which carries the stacks' fitted constants.
 
     Raises:
-      AisimError: neither a file nor a shipped stack profile (names the shipped ones).
+      AisimError: a stack's name was given where a profile file is expected.
     """
     p = Path(name)
     if p.exists() or p.suffix == ".json" or len(p.parts) > 1:
         return p  # a file (read_json reports a missing one)
-    stacks = Path(str(resources.files("perfmodel") / "profiles" / "stacks"))
-    cand = stacks / f"{p.name}.json"
-    if cand.exists():
-        return cand
-    shipped = sorted(q.stem for q in stacks.glob("*.json")) if stacks.is_dir() else []
-    raise AisimError(
-        source=str(name),
-        field="profile",
-        value=str(name),
-        expected="a profile JSON file or a shipped stack profile: " + ", ".join(shipped),
-    )
+    stacks = stack_names()
+    if p.name in stacks:
+        raise AisimError(
+            source=str(name),
+            field="profile",
+            value=str(name),
+            expected="a profile JSON file written by a calibration fit",
+            hint=f"a stack's fitted constants come with --stack {p.name}",
+        )
+    return p
 
 
 def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profile") -> Constants:
@@ -107,7 +106,7 @@ def load_profile_constants(path: str | Path, hardware_name: str, base: Constants
 
 
 def load_profile_covariance(path: str | Path) -> ConstantsCovariance | None:
-    """The covariance block of a profile (:class:`perfmodel.uncertainty.ConstantsCovariance`),
+    """The covariance block of a profile (:class:`perfmodel.plan.uncertainty.ConstantsCovariance`),
     or None when the profile has none (written before covariances were stored, or fitted to
     no more rows than free constants).
 

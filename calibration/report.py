@@ -21,8 +21,8 @@ import pandas as pd
 from calibration.fit import FitResult
 from calibration.profile import PROFILE_SCHEMA
 from calibration.rows import RowConfig
-from perfmodel.constants import constants_to_dict
-from perfmodel.strategy import KNOBS, Strategy
+from perfmodel.specs.constants import constants_to_dict
+from perfmodel.specs.strategy import Strategy, leaves_of
 
 SIGNIFICANT = 7
 
@@ -53,11 +53,17 @@ def data_sha256(
     h = hashlib.sha256()
     for rc, s, t in zip(rows, strategies, measured_s, strict=True):
         spec = rc.model.spec
+        static = ("kind", "moe", "mla")
         leaves = [
-            float(np.float32(getattr(spec, f))) for f in spec.__dataclass_fields__ if f != "kind"
+            float(np.float32(getattr(spec, f)))
+            for f in spec.__dataclass_fields__
+            if f not in static
         ]
-        leaves += [float(np.float32(getattr(s, k))) for k in KNOBS]
-        h.update(f"{rc.hardware.name}|{spec.kind}|{leaves!r}|{float(np.float32(t))!r}\n".encode())
+        leaves += [float(np.float32(v)) for v in leaves_of(s).values()]
+        stack = s.stack.to_dict()
+        h.update(
+            f"{rc.hardware.name}|{spec.kind}|{leaves!r}|{stack!r}|{float(np.float32(t))!r}\n".encode()
+        )
     return h.hexdigest()
 
 

@@ -5,13 +5,14 @@ into one :class:`RowConfig` per row (the model, the hardware and the knobs; blan
 ``None``); :func:`row_strategy` fills the blanks with defaults and validates the row's strategy
 (an error names the file, the row and the column); :func:`build_batch` stacks the rows by
 hardware and model kind into a :class:`RowBatch`: rows of different models with the same kind
-share one ``vmap``, because :class:`~perfmodel.workload.ModelSpec` leaves are arrays.
+share one ``vmap``, because :class:`~perfmodel.specs.model.ModelSpec` leaves are arrays.
 :func:`measured_step_times` returns the seconds per step that a fit compares against.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -20,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from perfmodel.choices import Schedule
-from perfmodel.hardware import Hardware, HardwareSpec, load_hardware
-from perfmodel.knobs import strategy_from_knobs
-from perfmodel.strategy import Strategy
-from perfmodel.workload import Model, ModelSpec, load_model, model_from_dict, with_overrides
+from calibration.columns import KNOB_COLUMNS
+from perfmodel.specs.choices import Schedule
+from perfmodel.specs.hardware import Hardware, HardwareSpec, load_hardware
+from perfmodel.specs.model import Model, ModelSpec, load_model, model_from_dict, with_overrides
+from perfmodel.specs.stack_preset import load_stack
+from perfmodel.specs.strategy import Strategy
+from perfmodel.specs.validate import strategy_from_knobs
 from simbase.errors import AisimError, bad_value
 
 DIM_COLUMNS = (
@@ -45,36 +48,9 @@ DIM_COLUMNS = (
 # the columns a custom transformer must give, and the MLP columns of `aisim measure --params` rows
 _CUSTOM_TRANSFORMER = ("num_layers", "hidden_size", "num_heads", "seq_len")
 _MLP_COLUMNS = ("num_layers", "hidden_size", "input_size", "output_size")
-# the knob columns a row carries into its strategy (blank cells stay None)
-KNOB_COLUMNS = (
-    "dp",
-    "tp",
-    "pp",
-    "num_gpus",
-    "global_batch_size",
-    "micro_batch_size",
-    "num_microbatches",
-    "interleave",
-    "recompute",
-    "sequence_parallel",
-    "zero_stage",
-    "dtype",
-    "gpus_per_node",
-    "schedule",
-    "dp_overlap",
-    "fused_attention",
-    "cp",
-    "ep",
-    "etp",
-    "shard_size",
-    "recompute_layers",
-    "tp_overlap",
-)
 # knobs a row may leave blank for `predict` to search, and their defaults otherwise
 SEARCHABLE = ("micro_batch_size", "recompute", "zero_stage", "sequence_parallel", "tp", "pp")
 _DEFAULT_VOCAB = 51200
-# strategy_from_knobs's parameter names -> the measurement table's columns
-_KNOB_TO_COLUMN = {"global_batch": "global_batch_size"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +59,7 @@ class RowConfig:
 
     Attributes:
       model, hardware: resolved presets (with the row's dimension overrides).
-      knobs: column -> value for each of :data:`KNOB_COLUMNS` (``None`` when blank).
+      knobs: column -> value for each knob of the registry (``None`` when blank).
       where: ``FILE:ROW`` for messages.
       blank: the knobs of :data:`SEARCHABLE` whose column is present but whose cell is blank.
     """
@@ -93,6 +69,7 @@ class RowConfig:
     knobs: dict[str, Any]
     where: str
     blank: tuple[str, ...] = ()
+    stack: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +185,20 @@ def _model_of(row: pd.Series, where: str, cache: dict[str, Model]) -> Model:
     return m
 
 
+def _stack_of(row: pd.Series, hw: Hardware, where: str, cache: dict) -> Any:
+    """The row's software stack (its ``stack`` cell: a preset name or a stack file), or None."""
+    name = cell(row, "stack")
+    if name is None:
+        return None
+    key = (str(name), hw.name)
+    if key not in cache:
+        try:
+            cache[key] = load_stack(str(name), hw)
+        except AisimError as e:
+            raise e.relabel(source=where) from None
+    return cache[key]
+
+
 def resolve_rows(df: pd.DataFrame, hardware: str | None = None) -> list[RowConfig]:
     """One :class:`RowConfig` per row; ``hardware`` is used where the row names none.
 
@@ -217,6 +208,7 @@ def resolve_rows(df: pd.DataFrame, hardware: str | None = None) -> list[RowConfi
     """
     models: dict[str, Model] = {}
     hws: dict[str, Hardware] = {}
+    stacks: dict[tuple[str, str], Any] = {}
     out = []
     for i, (_, row) in enumerate(df.iterrows()):
         where = row_source(row, i)
@@ -234,9 +226,11 @@ def resolve_rows(df: pd.DataFrame, hardware: str | None = None) -> list[RowConfi
         knobs = {k: cell(row, k) for k in KNOB_COLUMNS}
         blank = tuple(k for k in SEARCHABLE if k in row.index and knobs[k] is None)
         model = _model_of(row, where, models)
+        stack = _stack_of(row, hws[hw_name], where, stacks)
         out.append(
-            RowConfig(model=model, hardware=hws[hw_name], knobs=knobs, where=where, blank=blank)
-        )
+            RowConfig(model=model, hardware=hws[hw_name], knobs=knobs, where=where, blank=blank,
+                      stack=stack)
+        )  # fmt: skip
     return out
 
 
@@ -287,8 +281,9 @@ def _schedule(k: dict[str, Any], interleave: int, where: str) -> str:
 
 
 def _relabel(e: AisimError, where: str) -> AisimError:
-    """A knob error of ``strategy_from_knobs`` as seen in the table: the row, the columns."""
-    return e.relabel(source=where, names=_KNOB_TO_COLUMN)
+    """A knob error of ``strategy_from_knobs`` as seen in the table: the row (the registry's
+    knob names are the table's column names)."""
+    return e.relabel(source=where)
 
 
 def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
@@ -308,35 +303,23 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
     gpn = k["gpus_per_node"] if k["gpus_per_node"] is not None else rc.hardware.spec.gpus_per_node
     interleave = int(k["interleave"] or 1)
     nmb = k["num_microbatches"] if fill.get("micro_batch_size") is None else None
+    given = {name: v for name, v in k.items() if v is not None and name in KNOB_COLUMNS}
+    given.update(
+        micro_batch_size=int(mbs),
+        num_microbatches=None if nmb is None else int(nmb),
+        schedule=_schedule(k, interleave, rc.where),
+        interleave=interleave,
+        gpus_per_node=int(gpn),
+    )
     try:
         return strategy_from_knobs(
             num_layers=int(spec.num_layers),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            num_gpus=k["num_gpus"],
-            tp=k["tp"],
-            pp=k["pp"],
-            dp=k["dp"],
-            global_batch=None if k["global_batch_size"] is None else int(k["global_batch_size"]),
-            micro_batch_size=int(mbs),
-            num_microbatches=None if nmb is None else int(nmb),
-            schedule=_schedule(k, interleave, rc.where),
-            interleave=interleave,
-            zero_stage=int(k["zero_stage"] or 0),
-            recompute=str(k["recompute"] or "none"),
-            sequence_parallel=bool(k["sequence_parallel"] or False),
-            dtype=str(k["dtype"] or "bf16"),
-            dp_overlap=True if k["dp_overlap"] is None else bool(k["dp_overlap"]),
-            fused_attention=bool(k["fused_attention"] or False),
-            gpus_per_node=int(gpn),
-            cp=k["cp"],
-            ep=int(k.get("ep") or 1),
-            etp=int(k.get("etp") or 1),
-            shard_size=int(k.get("shard_size") or 0),
-            recompute_layers=int(k.get("recompute_layers") or 0),
-            tp_overlap=bool(k.get("tp_overlap") or False),
+            stack=rc.stack,
             num_experts=int(spec.num_experts),
             seq_len=int(spec.seq_len) if is_tf else None,
+            **given,
         )
     except AisimError as e:
         raise _relabel(e, rc.where) from None
@@ -347,21 +330,28 @@ def _stack(trees: list) -> Any:
 
 
 def build_batch(rows: list[RowConfig], strategies: list[Strategy] | None = None) -> RowBatch:
-    """Stacks rows by (hardware, model kind); ``strategies`` default to :func:`row_strategy`."""
+    """Stacks rows by what shapes their compiled program (the hardware, the model's static
+    structure, the software stack), each group under the union of its rows' scopes;
+    ``strategies`` default to :func:`row_strategy`."""
     if strategies is None:
         strategies = [row_strategy(rc) for rc in rows]
-    keys: dict[tuple[str, str], list[int]] = {}
+    keys: dict[tuple, list[int]] = {}
     for i, rc in enumerate(rows):
-        keys.setdefault((rc.hardware.name, rc.model.spec.kind), []).append(i)
+        spec, st = rc.model.spec, strategies[i]
+        # the hardware by name and description: a row's documented variant of a preset (the
+        # 96 GB H100 of torchtitan's Grand Teton rows) is a program of its own
+        hw = (rc.hardware.name, rc.hardware.description)
+        keys.setdefault((hw, spec.kind, spec.moe, spec.mla, st.stack), []).append(i)
     groups = []
     order = np.zeros(len(rows), np.int64)
     pos = 0
     for idx in keys.values():
+        scope = functools.reduce(lambda a, b: a | b, (strategies[i].scope for i in idx))
         groups.append(
             RowGroup(
                 model=_stack([rows[i].model.spec for i in idx]),
                 hw=rows[idx[0]].hardware.spec,
-                strategy=_stack([strategies[i] for i in idx]),
+                strategy=_stack([dataclasses.replace(strategies[i], scope=scope) for i in idx]),
             )
         )
         for i in idx:

@@ -1,10 +1,12 @@
-"""mkdocs hook: expands ``<!-- public-api PACKAGE -->`` into the package's API reference.
+"""mkdocs hook: expands ``<!-- public-api PACKAGE -->`` into the package's API reference, and
+``<!-- knobs -->`` into the table of every strategy knob of the registry
+(:data:`perfmodel.specs.knobs.KNOBS`), which is what the commands' options are made from.
 
 The reference follows the package's ``__all__``, in its order: first the package docstring, then
 one ``::: path`` block (mkdocstrings) per exported name; a name re-exported from another package
 is a link to that package's page. mkdocstrings reads the source statically, so a name it cannot
 see as ``package.name`` points at the module that defines the object: a name that is also a
-submodule (``perfmodel.step_time`` is both a module and the function it re-exports), and a name
+submodule (``perfmodel.step.step_time`` is both a module and the function it re-exports), and a name
 that the package loads lazily (a module ``__getattr__``).
 """
 
@@ -20,6 +22,7 @@ import griffe
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- public-api (\w+) -->$", flags=re.M)
+KNOBS_MARKER = re.compile(r"^<!-- knobs -->$", flags=re.M)
 
 
 def _defining_module(package: str, name: str, obj: object) -> str | None:
@@ -61,5 +64,34 @@ def api_markdown(package: str) -> str:
     return "\n".join(blocks)
 
 
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def knobs_markdown() -> str:
+    """One row per knob of the registry, grouped as ``--help`` groups them: the option, the
+    name ``--json``, CSV columns and ``--set`` use (with the other spellings a CSV may use), the
+    values it takes, its default and what it means."""
+    from perfmodel.specs.knobs import KNOBS
+
+    groups = {"layout": "layout", "batching": "batching", "memory": "memory plan"}
+    rows = [
+        "| option | name (`--set`, CSV, JSON) | values | library default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for k in sorted(KNOBS, key=lambda k: list(groups).index(k.home) if k.home in groups else 3):
+        name = f"`{k.name}`" + "".join(f", `{a}`" for a in k.aliases)
+        default = "derived" if k.default is None else (k.label(k.default) or "none")
+        if isinstance(default, bool):
+            default = "on" if default else "off"
+        where = groups.get(k.home, "software stack" if k.home == "stack" else "job")
+        rows.append(
+            f"| `{k.option}` | {name} | {_cell(k.expected())} | {_cell(default)} | "
+            f"{_cell(k.help)} ({where}) |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def on_page_markdown(markdown: str, **kwargs) -> str:
+    markdown = KNOBS_MARKER.sub(lambda m: knobs_markdown(), markdown)
     return MARKER.sub(lambda m: api_markdown(m.group(1)), markdown)

@@ -33,14 +33,14 @@ from perfmodel import (
     make_strategy,
     step_time,
 )
-from perfmodel import search as srch  # perfmodel.search.search: the documented on-device search
+from perfmodel.search.reduce import search  # the documented on-device search
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 import make_accuracy_table  # noqa: E402
 import make_distir_table  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tests" / "perfmodel"))
+sys.path.insert(0, str(ROOT / "tests" / "perfmodel" / "step"))
 import test_bigscience176b as bigsci  # noqa: E402  (the two published rows and how they ran)
 
 NARAYANAN_TFLOPS = 140.0  # Narayanan et al. SC21, §5.1: GPT-3 175B on 1024 A100-80GB, batch 1536
@@ -63,7 +63,7 @@ def korthikanti() -> list[str]:
         meas["measured_step_time_s"].to_numpy(),
     )
     src = "Korthikanti et al. 2022, Table 5"
-    test = "tests/perfmodel/test_core.py, tests/calibration/test_fit.py"
+    test = "tests/perfmodel/step/test_step_time.py, tests/calibration/test_fit.py"
     return [
         _row(
             src,
@@ -172,10 +172,10 @@ def _gpt3_1024(m, hw, r) -> list[str]:
     out = []
     src = "Narayanan et al. SC21, §5.1"
     for label, c, test in (
-        ("", hw.constants, "tests/perfmodel/test_grid.py"),
+        ("", hw.constants, "tests/perfmodel/search/test_grid.py"),
         (", calibrated on Table 1", r.constants, "tests/calibration/test_narayanan2021.py"),
     ):
-        best = srch.search(m.spec, hw.spec, c, g, k=1).top.iloc[0]
+        best = search(m.spec, hw.spec, c, g, k=1).top.iloc[0]
         for what, secs in (
             (
                 f"GPT-3 175B, 1024 A100, the paper's tp 8 pp 16 (eq. 3 TFLOP/s per GPU){label}",
@@ -210,7 +210,7 @@ def narayanan() -> list[str]:
 def bigscience() -> list[str]:
     src, test = (
         "BigScience, BLOOM topology search (2022-02-28)",
-        "tests/perfmodel/test_bigscience176b.py",
+        "tests/perfmodel/step/test_bigscience176b.py",
     )
     flops = float(gpt_training_flops(bigsci.BLOOM.spec, bigsci.GBS, 1.0))
     out = []
@@ -246,7 +246,7 @@ def distir() -> list[str]:
     colossal = next(r for r in rows if r["kind"] == "measured" and r["seed"] is not None)
     ec = 100 * (colossal["distir"] / colossal["seed"] - 1)
     ea = 100 * (colossal["aisim"] / colossal["seed"] - 1)
-    src, test = "source document (DistIR)", "tests/perfmodel/test_distir.py"
+    src, test = "source document (DistIR)", "tests/perfmodel/step/test_distir.py"
     return [
         _row(
             src,
@@ -305,7 +305,7 @@ def colossal_readme() -> list[str]:
                 f"{r.throughput_samples_per_s:.2f}",
                 f"{r.predicted_throughput_samples_per_s:.2f}",
                 f"{r.error_pct:+.1f}% step time",
-                "tests/calibration/test_calibrate_cli.py",
+                "tests/aisim/test_calibrate.py",
             )
         )
     return lines

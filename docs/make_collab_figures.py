@@ -2,13 +2,13 @@
 docs/figures/collab_tradeoff.png.
 
 The source document's 2-client MLP table (calibration/data/seed_collab_mlp_2clients.csv) is fitted with
-aisim's collaboration model (calibration.collab_fit), the fitted scenario is swept over 10M-100M
+aisim's collaboration model (collab.fit), the fitted scenario is swept over 10M-100M
 (the 40M row is a prediction), and again with a 10x faster WAN. Top row: aisim's shares of one
 round as stacked bars, with the source's cumulative shares as black ticks; bottom row: the same
 clients on a 10 Gbit/s WAN. Runtime: about half a minute on 2 CPU cores.
 
 collab_tradeoff.png: INTELLECT-1's setting (a 10B Llama-3 on 14 sites of 8 H100, int8 ring
-all-reduce; calibration/data/crosssite_runs.csv) swept over the inner steps H and the WAN line
+all-reduce; collab/data/crosssite_runs.csv) swept over the inner steps H and the WAN line
 rate (the links at their line rate: without the TCP window cap the validation applies, which would
 hold every rate here to the same 0.45 Gbit/s at the global round trip), blocking DiLoCo (left, with the report's three published utilisations at H = 100) and streaming
 DiLoCo with 4 overlapped fragments (right).
@@ -29,8 +29,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from calibration import fit_collab, load_collab_table  # noqa: E402
-from perfmodel import collab, load_hardware  # noqa: E402
+import collab
+from collab import fit_collab, load_collab_table  # noqa: E402
+from perfmodel import load_hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
@@ -80,7 +81,7 @@ def side_by_side(df: pd.DataFrame) -> str:
 
 def tradeoff() -> None:
     """Utilisation against H and WAN rate in INTELLECT-1's setting (two round modes)."""
-    from calibration.collab_fit import crosssite_of_run, load_crosssite_runs
+    from collab.published import crosssite_of_run, load_crosssite_runs
 
     runs = load_crosssite_runs()
     row = runs[runs["run"] == "intellect1-global"].iloc[0]

@@ -5,7 +5,7 @@ Contract: presets are JSON files in ``fl/profiles`` whose every value cites a so
 :func:`draw_systems` gives every client of a population a device (a mix of presets, with a
 lognormal spread) as population-wide arrays. :func:`client_time_s` is the time of one client in
 one round, written for one client: download + deserialise + local compute + serialise + upload,
-with the transfers timed by ``perfmodel.collectives.p2p_s`` (``α + n/β``).
+with the transfers timed by ``perfmodel.step.collectives.p2p_s`` (``α + n/β``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from perfmodel.collectives import p2p_s
+from perfmodel.step.collectives import p2p_s
 from simbase.errors import AisimError, bad_value
 from simbase.parse import split_list
 from simbase.units import parse_bitrate

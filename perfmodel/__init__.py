@@ -10,33 +10,49 @@ Public API (one screen). Everything under ``jit`` takes one strategy with scalar
   :func:`hardware_names`, :func:`resolve_model`, :func:`resolve_hardware`; the results
   :class:`Model` / :class:`ModelSpec`, :class:`Hardware` / :class:`HardwareSpec` and the
   efficiencies :class:`Constants`.
-- **The strategy**: the pytree :class:`Strategy` (:func:`make_strategy`,
-  :func:`stack_strategies`, :func:`strategy_to_dict`), user knobs validated by
-  :func:`strategy_from_knobs`, and the named choices :class:`Schedule`, :class:`ZeroStage`,
-  :class:`Recompute`, :class:`RecomputeModule`, :class:`Dtype`, :class:`MoeDispatch`,
-  :class:`CpComm`, :class:`AttentionKernel`.
+- **The strategy**: the knob registry :data:`KNOBS` (one :class:`Knob` each), the nested
+  pytree :class:`Strategy` of a :class:`Layout`, a :class:`Batching` and a :class:`MemoryPlan`
+  with a static software :class:`Stack` and :class:`Scope` (:func:`make_strategy`,
+  :func:`stack_strategies`, :func:`strategy_to_dict`, :func:`strategy_from_row`), user knobs
+  validated by :func:`strategy_from_knobs`, and the named choices :class:`Schedule`,
+  :class:`ZeroStage`, :class:`Recompute`, :class:`RecomputeModule`, :class:`Dtype`,
+  :class:`MoeDispatch`, :class:`CpComm`, :class:`AttentionKernel`.
 - **The model**: :func:`step_time` -> :class:`StepBreakdown` (terms in
   :data:`BREAKDOWN_TERMS`), :func:`memory_per_device` -> :class:`MemoryBreakdown`,
   :func:`evaluate_grid` (one ``jit(vmap)``), the cost models :data:`COST_MODELS` /
   :func:`select_step_fn`, and :func:`estimate` for one strategy end to end.
 - **The grid and the search**: :func:`enumerate_strategies` -> :class:`StrategyGrid`
   (:func:`concat_grids`), :func:`sweep` -> :class:`SweepResult` over models × hardware, the
-  on-device reduction :func:`perfmodel.search.search` -> :class:`SearchResult`,
+  on-device reduction :func:`perfmodel.search.reduce.search` -> :class:`SearchResult`,
   :func:`pareto_mask`, :func:`results_frame`, :func:`plot_sweep`, :func:`strategy_label`.
 - **Planning** (time, cost and energy to train; what limits a run; how sure):
   :func:`plan_training` -> :class:`TrainingPlan`, :func:`plan_sweep` (a sweep ranked by
   ``time``, ``cost`` or ``energy``), :func:`elasticities` -> :class:`Sensitivity`,
   :func:`capacity_answer` -> :class:`CapacityAnswer`, :func:`prediction_intervals` from a
-  profile's :class:`ConstantsCovariance`.
-- **Cross-site collaboration**: the module :mod:`perfmodel.collab` (scenarios, the jittable
-  round model and its sweep).
+  profile's :class:`ConstantsCovariance`; failures, checkpoints and stragglers:
+  :func:`failure_model` -> :class:`FailureModel` (:func:`storage_names`), :func:`failure_plan`
+  -> :class:`FailurePlan`, :func:`straggler_slowdown`.
+- **Software stacks**: :func:`load_stack` -> :class:`StackPreset` (:func:`stack_names`,
+  :func:`explain`), and the constants a stack runs with on a hardware preset,
+  :func:`stack_constants` -> :class:`StackConstants`.
 - **Collectives** (alpha-beta times in seconds): :func:`all_reduce_s`, :func:`all_gather_s`,
   :func:`reduce_scatter_s`, :func:`all_to_all_s`, :func:`p2p_s`.
 """
 
-from perfmodel import collab
-from perfmodel.breakdown import BREAKDOWN_TERMS, StepBreakdown
-from perfmodel.choices import (
+from perfmodel.plan.estimate import Estimate, estimate, resolve_hardware, resolve_model
+from perfmodel.plan.failure_model import FailureModel, failure_model, storage_names
+from perfmodel.plan.reliability import FailurePlan, failure_plan, straggler_slowdown
+from perfmodel.plan.sensitivity import CapacityAnswer, Sensitivity, capacity_answer, elasticities
+from perfmodel.plan.stack_constants import StackConstants, stack_constants
+from perfmodel.plan.training import TrainingPlan, plan_sweep, plan_training
+from perfmodel.plan.uncertainty import ConstantsCovariance, Interval, prediction_intervals
+from perfmodel.search.evaluate import evaluate_grid
+from perfmodel.search.figures import plot_sweep
+from perfmodel.search.grid import StrategyGrid, concat_grids, enumerate_strategies
+from perfmodel.search.reduce import SearchResult, pareto_mask
+from perfmodel.search.report import results_frame
+from perfmodel.search.sweep import SweepResult, strategy_label, sweep
+from perfmodel.specs.choices import (
     AttentionKernel,
     CpComm,
     Dtype,
@@ -46,37 +62,16 @@ from perfmodel.choices import (
     Schedule,
     ZeroStage,
 )
-from perfmodel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s
-from perfmodel.constants import Constants, constants_to_dict
-from perfmodel.cost_models import COST_MODELS, select_step_fn
-from perfmodel.estimate import Estimate, estimate, resolve_hardware, resolve_model
-from perfmodel.figures import plot_sweep
-from perfmodel.grid import StrategyGrid, concat_grids, enumerate_strategies
-from perfmodel.hardware import (
+from perfmodel.specs.constants import Constants, constants_to_dict
+from perfmodel.specs.hardware import (
     Hardware,
     HardwareSpec,
     hardware_names,
     load_hardware,
     load_hardware_file,
 )
-from perfmodel.knobs import strategy_from_knobs
-from perfmodel.memory import MemoryBreakdown, memory_per_device
-from perfmodel.planning import TrainingPlan, plan_sweep, plan_training
-from perfmodel.report import results_frame
-from perfmodel.search import SearchResult, pareto_mask
-from perfmodel.sensitivity import CapacityAnswer, Sensitivity, capacity_answer, elasticities
-from perfmodel.step_time import evaluate_grid, step_time
-from perfmodel.strategy import (
-    RECOMPUTE,
-    SCHEDULES,
-    Strategy,
-    make_strategy,
-    stack_strategies,
-    strategy_to_dict,
-)
-from perfmodel.sweep import SweepResult, strategy_label, sweep
-from perfmodel.uncertainty import ConstantsCovariance, Interval, prediction_intervals
-from perfmodel.workload import (
+from perfmodel.specs.knobs import KNOBS, Knob
+from perfmodel.specs.model import (
     Model,
     ModelSpec,
     gpt_training_flops,
@@ -85,12 +80,58 @@ from perfmodel.workload import (
     mlp_from_params,
     mlp_from_widths,
     model_names,
+    tokens_per_sample,
     total_params,
 )
+from perfmodel.specs.stack import Stack
+from perfmodel.specs.stack_preset import StackPreset, explain, load_stack, stack_names
+from perfmodel.specs.strategy import (
+    RECOMPUTE,
+    SCHEDULES,
+    Batching,
+    Layout,
+    MemoryPlan,
+    Scope,
+    Strategy,
+    make_strategy,
+    stack_strategies,
+    strategy_from_row,
+    strategy_to_dict,
+)
+from perfmodel.specs.validate import strategy_from_knobs
+from perfmodel.step.breakdown import BREAKDOWN_TERMS, StepBreakdown
+from perfmodel.step.collectives import (
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    p2p_s,
+    reduce_scatter_s,
+)
+from perfmodel.step.cost_models import COST_MODELS, select_step_fn
+from perfmodel.step.memory import MemoryBreakdown, memory_per_device
+from perfmodel.step.precision import activation_bytes
+from perfmodel.step.roofline import op_time_s
+from perfmodel.step.step_time import step_time
+from perfmodel.step.workload import OpClass
 from simbase.errors import AisimError
 
 __all__ = [
-    "collab",
+    "OpClass",
+    "activation_bytes",
+    "op_time_s",
+    "tokens_per_sample",
+    "KNOBS",
+    "Knob",
+    "Stack",
+    "StackPreset",
+    "load_stack",
+    "stack_names",
+    "explain",
+    "Layout",
+    "Batching",
+    "MemoryPlan",
+    "Scope",
+    "strategy_from_row",
     "AisimError",
     "BREAKDOWN_TERMS",
     "COST_MODELS",
@@ -120,6 +161,14 @@ __all__ = [
     "StrategyGrid",
     "SweepResult",
     "TrainingPlan",
+    "FailureModel",
+    "FailurePlan",
+    "failure_model",
+    "failure_plan",
+    "storage_names",
+    "straggler_slowdown",
+    "StackConstants",
+    "stack_constants",
     "ZeroStage",
     "all_gather_s",
     "all_reduce_s",

@@ -75,9 +75,35 @@ def to_json(obj: Any) -> str:
     return json.dumps(jsonable(obj), indent=2, sort_keys=False)
 
 
+def check_new_file(path: str | os.PathLike | None, field: str = "out") -> None:
+    """Checks, before any work starts, that an output path can be written as a file: not an
+    existing directory or special file (a FIFO), its folder not a file.
+
+    Raises:
+      AisimError: naming ``field`` and the path.
+    """
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise AisimError(field=field, value=str(path), expected="a file name, not a directory")
+    if p.exists() and not p.is_file():
+        raise AisimError(field=field, value=str(path), expected="a regular file to write")
+    parent = next((q for q in p.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise AisimError(
+            field=field, value=str(path), expected=f"a path in a folder ({parent} is a file)"
+        )
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` via a temporary file and ``os.replace``."""
+    """Writes ``data`` to ``path`` via a temporary file and ``os.replace``.
+
+    Raises:
+      AisimError: the path cannot be a file (:func:`check_new_file`); no temporary file is left.
+    """
     path = Path(path)
+    check_new_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -98,11 +124,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def check_table_suffix(path: str | os.PathLike | None, allowed: tuple[str, ...] = TABLE_SUFFIXES):
-    """Checks an output path's suffix before any work starts (field ``out``)."""
+    """Checks an output path's suffix, and that it can be written as a file
+    (:func:`check_new_file`), before any work starts (field ``out``)."""
     if path is not None and Path(path).suffix.lower() not in allowed:
         raise AisimError(
             field="out", value=str(path), expected="a file name ending in " + ", ".join(allowed)
         )
+    check_new_file(path)
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:

@@ -63,6 +63,8 @@ def parse_int_list(
                 end = int(float(parts[i + 1]))
                 ratio = b / a if a else 0
                 step = b - a
+                if step <= 0 or end <= b:  # a series must grow towards its end
+                    raise ValueError
                 x = b
                 while True:
                     x = int(x * ratio) if ratio > 1 and a and b % a == 0 else x + step
@@ -71,7 +73,7 @@ def parse_int_list(
                     out.append(x)
                 continue
             v = float(units.parse_count(p))
-            if v != int(v):
+            if v != int(v) or abs(v) >= 2**31:
                 raise ValueError
             out.append(int(v))
     except ValueError:
@@ -81,3 +83,14 @@ def parse_int_list(
     if not out or any(v < minimum for v in out):
         raise bad_value(where, field, text, f"integers >= {minimum}")
     return out
+
+
+def check_seed(seed: object, field: str = "seed") -> int:
+    """A random seed as JAX and numpy take it: an integer in [0, 2^32).
+
+    Raises:
+      AisimError: naming ``field`` and the value.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise bad_value(None, field, seed, "an integer seed from 0 to 4294967295")
+    return seed

@@ -10,6 +10,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 import doc_commands  # noqa: E402
@@ -89,3 +91,10 @@ def test_command_parser_reads_continuations_and_exit_codes(tmp_path):
         ("aisim x", 2),
     ]
     assert (cmds[0].first_line, cmds[0].last_line, cmds[0].output_end) == (1, 2, 4)
+
+
+@pytest.mark.slow
+def test_the_readmes_python_quick_start_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102 - the README's own code

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfmodel.specs.knobs import BY_NAME
 from simbase.errors import AisimError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -275,12 +276,18 @@ def first_not_none(*values: Any) -> Any:
 
 
 def check_overrides(overrides: Mapping[str, Any] | None, known: Iterable[str]) -> dict[str, Any]:
-    """The overrides without ``None`` values; an unknown key is an error naming it."""
+    """The overrides without ``None`` values, each strategy knob's value checked by the knob
+    registry (a parallel degree of 0 or -4 is an error naming it, not a row); an unknown key is
+    an error naming it."""
     known = tuple(known)
     out = {k: v for k, v in (overrides or {}).items() if v is not None}
-    for key in out:
+    for key, value in out.items():
         if key not in known:
             raise AisimError(
                 field="overrides", value=key, expected=f"one of {', '.join(sorted(known))}"
             )
+        if key in BY_NAME:
+            BY_NAME[key].parse(value)
+        elif key == "seq_len" and (isinstance(value, bool) or not int(value) >= 1):
+            raise AisimError(field=key, value=value, expected="a positive integer")
     return out

@@ -41,7 +41,8 @@ from calibration.logs.rows import (
     line_range,
     summarise,
 )
-from calibration.measurements import DTYPES, preset_name
+from calibration.measurements import preset_name
+from perfmodel.specs.choices import DTYPE_ALIASES as DTYPES
 from simbase.errors import AisimError
 
 FORMAT = "torchtitan"

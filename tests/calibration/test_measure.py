@@ -1,49 +1,11 @@
-"""`aisim measure`: real timed flax steps, its CSV loads back, bad options exit 2."""
+"""The measuring loop (:mod:`calibration.measure`): real timed flax steps, parameter counts,
+rounds and statistics (the command line's `aisim measure`: tests/aisim/test_measure.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import jax
 import numpy as np
-import pytest
-from typer.testing import CliRunner
 
-from aisim.app import app
-from calibration.measure import Config, Shape, measure_one
-from calibration.measurements import load_measurements
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY_GPT = ["--model", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "4", "--seq-len",
-            "16", "--vocab", "64"]  # fmt: skip
-
-
-@pytest.mark.slow
-def test_subprocess_on_four_host_devices_writes_loadable_rows(tmp_path):
-    out = tmp_path / "meas.csv"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    cmd = [sys.executable, "-m", "aisim", "measure", *TINY_GPT, "--dp", "1,2", "--tp", "2",
-           "--global-batch", "8", "--steps", "2", "--warmup", "1", "--out", str(out), "--json"]  # fmt: skip
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr
-    doc = json.loads(res.stdout)
-    assert len(doc["rows"]) == 2
-    df = load_measurements(out, purpose="fit")
-    assert df["num_gpus"].tolist() == [2, 4]
-    assert df["dp"].tolist() == [1, 2] and df["tp"].tolist() == [2, 2]
-    assert df["pp"].tolist() == [1, 1] and df["num_microbatches"].tolist() == [1, 1]
-    assert df["micro_batch_size"].tolist() == [8, 4]
-    assert set(df["hardware"]) == {"cpu-host"} and set(df["device_kind"]) == {"cpu"}
-    assert df["num_layers"].tolist() == [1, 1] and df["hidden_size"].tolist() == [32, 32]
-    assert df["has_measurement"].all() and (df["measured_step_time_s"] > 0).all()
-    assert df["throughput_samples_per_s"].to_numpy() == pytest.approx(
-        8 / df["step_time_s"].to_numpy()
-    )
-    assert set(df["jax_version"]) == {jax.__version__}
+from calibration.measure import Config, Shape, measure_many, measure_one
 
 
 def test_measure_one_mlp_trains_and_counts_params():
@@ -54,21 +16,18 @@ def test_measure_one_mlp_trains_and_counts_params():
     assert np.isfinite(row["final_loss"])
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--params", "20K", "--dp", "3"], "divisor of the"),
-        (["--params", "20K", "--global-batch", "0"], "comma-separated positive integers"),
-        (["--params", "20K", "--dp", "1", "--global-batch", "8", "--heads", "4"], "MLP has no"),
-        (["--model", "gtp2"], "did you mean gpt2"),
-        ([], "exactly one of --model"),
-        (["--params", "20K", "--dtype", "fp64"], "one of fp32, bf16, fp16"),
-        (["--params", "20K", "--out", "x.txt"], "expected a file name ending in .csv"),
-        ([*TINY_GPT, "--hidden", "30"], "a divisor of --hidden 30"),
-    ],
-)
-def test_bad_options_one_line_exit_2(args, needle):
-    res = CliRunner().invoke(app, ["measure", *args])
-    assert res.exit_code == 2, res.output
-    assert needle in res.output
-    assert "Traceback" not in res.output
+def test_rounds_interleave_and_min_statistic():
+    shape = Shape(kind="mlp", num_layers=2, hidden_size=16, bias=False)
+    jobs = [(shape, Config(dp=1, tp=1, global_batch_size=b)) for b in (4, 8)]
+    done = []
+    rows = measure_many(jobs, steps=2, warmup=1, rounds=3, statistic="min", on_done=done.append)
+    assert done == [0, 1] and [r["global_batch_size"] for r in rows] == [4, 8]
+    for r in rows:
+        assert r["rounds"] == 3 and r["statistic"] == "min"
+        assert (
+            r["step_time_s"]
+            == r["step_time_min_s"]
+            <= r["step_time_median_s"]
+            <= r["step_time_max_s"]
+        )
+        assert r["host_devices"] >= 1 and r["host_cores"] >= 1 and r["platform"] == "cpu"

@@ -153,7 +153,7 @@ def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
     df = load_measurements(p, purpose="fit")
     assert df["dp_overlap"].tolist()[:2] == [False, True] and df["dp_overlap"].isna().iloc[2]
     strategies = [row_strategy(rc) for rc in resolve_rows(df)]
-    assert [float(s.dp_overlap) for s in strategies] == [
+    assert [float(s.stack.dp_overlap) for s in strategies] == [
         0.0,
         1.0,
         1.0,
@@ -162,7 +162,8 @@ def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
         tmp_path, "model,hardware,num_gpus,overlap_grad_reduce\ngpt2,h200,2,sometimes\n", "bad.csv"
     )
     with pytest.raises(
-        AisimError, match=r"bad.csv:1: field 'dp_overlap' = 'sometimes': expected yes/no"
+        AisimError,
+        match=r"bad.csv:1: field 'dp_overlap' = 'sometimes': expected on or off \(yes/no, ",
     ):
         load_measurements(bad)
 
@@ -173,7 +174,7 @@ def test_fused_attention_is_a_boolean_knob(tmp_path, presets):
               "gpt2,h200,2,8,2,yes\ngpt2,h200,2,8,2,no\ngpt2,h200,2,8,2,\n")  # fmt: skip
     df = load_measurements(p, purpose="fit")
     strategies = [row_strategy(rc) for rc in resolve_rows(df)]
-    assert [float(s.fused_attention) for s in strategies] == [1.0, 0.0, 0.0]
+    assert [float(s.stack.fused_attention) for s in strategies] == [1.0, 0.0, 0.0]
 
 
 def test_num_gpus_derived_from_degrees(tmp_path, presets):
@@ -257,7 +258,7 @@ def test_several_bad_values_collected_into_one_error(tmp_path, presets):
     with pytest.raises(InvalidRows) as e:
         load_measurements(p)
     lines = str(e.value).splitlines()
-    # the library names its argument; the CLI names the flag (test_calibrate_cli.py)
+    # the library names its argument; the CLI names the flag (tests/aisim/test_calibrate.py)
     assert e.value.hint == "fix them, or pass {skip_bad_rows} to use the rest"
     assert (
         lines[0]
@@ -301,7 +302,7 @@ def test_missing_file_is_a_domain_error(tmp_path):
 def test_real_preset_lists_accept_the_shipped_files():
     """Once perfmodel's preset lists exist, the shipped files load against them."""
     if meas._preset_names("model") is None:
-        pytest.skip("perfmodel.workload.model_names is not available yet")
+        pytest.skip("perfmodel.specs.model.model_names is not available yet")
     load_measurements(data_path("korthikanti2022_table5_iteration_time.csv"))
     load_measurements(data_path("seed_distir_simulation.csv"))
     load_measurements(data_path("colossalai_readme_benchmark.csv"), skip_bad_rows=True)

@@ -6,7 +6,7 @@ import pandas as pd
 from calibration.measurements import normalise_measurements
 from calibration.predict import predict_table
 from calibration.rows import resolve_rows, row_strategy
-from perfmodel.step_time import step_time
+from perfmodel.step.step_time import step_time
 
 
 def _rows(recs):

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.collab_fit import fit_collab, load_collab_table
-from perfmodel import collab, load_hardware
+import collab
+from collab.fit import fit_collab, load_collab_table
+from perfmodel import load_hardware
 from simbase.errors import AisimError
 
 SEED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "seed_collab_mlp_2clients.csv"

@@ -1,6 +1,7 @@
-"""perfmodel.collab against hand values: one server round of two sites term by term, the ring
-all-reduce, compression bytes, the pipeline on perfmodel's step time, vmap over sizes == one by one,
-and the shares adding up to 100 %."""
+"""The model sizes (collab.scenario_model) against hand values: one server round of two sites
+term by term, the ring all-reduce, compression bytes, the pipeline on perfmodel's step time, the
+source's four shares adding up to 100 %, vmap over sizes == one by one, and the sites' work going
+through the one round model (collab.collab_round) that real models use too."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from perfmodel import collab, load_hardware, mlp_from_params
-from perfmodel.collectives import all_reduce_s
-from perfmodel.step_time import step_time
+import collab
+from collab.scenario_model import exchange, site_work
+from perfmodel import load_hardware, mlp_from_params
+from perfmodel.step.collectives import all_reduce_s
+from perfmodel.step.step_time import step_time
 
 A100 = load_hardware("a100-80gb")
 CPU = load_hardware("cpu-host")
@@ -54,19 +57,24 @@ def test_server_round_matches_hand_computation():
     ]
     assert float(tl.params) == pytest.approx(n)
     assert np.asarray(tl.compute_s) == pytest.approx([100 * step[0] + 2.0, 50 * step[1]], rel=1e-5)
-    agg_s = float(tl.aggregate_s[0])
+    agg_s = float(tl.other_s[0])
     assert agg_s > 2 * nbytes / deser + nbytes / ser  # the server's serde plus the reduction
     assert float(tl.round_s) == pytest.approx(max(arrival) + agg_s, rel=1e-5)
     # the slow site waits for nobody, the fast one for the difference
-    assert float(tl.wait_s[0]) == pytest.approx(0.0, abs=1e-4)
-    assert float(tl.wait_s[1]) == pytest.approx(arrival[0] - arrival[1], rel=1e-4)
-    total = (
-        tl.compute_share_pct
-        + tl.communication_share_pct
-        + tl.serialization_share_pct
-        + tl.other_share_pct
+    assert float(tl.idle_s[0]) == pytest.approx(0.0, abs=1e-4)
+    assert float(tl.idle_s[1]) == pytest.approx(arrival[0] - arrival[1], rel=1e-4)
+    # the source's shares: waiting counts as communication
+    shares = np.asarray(collab.source_shares(tl))
+    np.testing.assert_allclose(shares.sum(axis=-1), 100.0, atol=1e-3)
+    np.testing.assert_allclose(
+        shares[:, 1], 100 * np.asarray(tl.communication_s + tl.idle_s) / float(tl.round_s)
     )
-    np.testing.assert_allclose(np.asarray(total), 100.0, atol=1e-3)
+    # the client that waits computes for a smaller share of the wall time than of its busy time
+    busy = float(tl.round_s - tl.idle_s[1])
+    assert float(tl.compute_share_of_busy_pct[1]) == pytest.approx(
+        100 * float(tl.compute_s[1]) / busy, rel=1e-5
+    )
+    assert float(tl.compute_share_of_busy_pct[1]) > float(tl.compute_utilization_pct[1])
 
 
 def test_step_time_is_perfmodels_with_dp_over_the_sites_devices():
@@ -134,7 +142,12 @@ def test_pipeline_uses_step_times_pipeline_with_the_wan_as_pp_tier():
     assert float(tl.round_s) == pytest.approx(
         float(ref.step_time_s + tl.serialization_s[0]), rel=1e-5
     )
-    assert float(tl.wait_s[0]) == pytest.approx(float(ref.bubble_s), rel=1e-4)
+    assert float(tl.idle_s[0]) == pytest.approx(float(ref.bubble_s), rel=1e-4)
+    # compute is all of the step but the WAN sends and the bubble (the optimiser included, as
+    # a local step's time includes it in the other modes)
+    compute = ref.step_time_s - ref.pp_p2p_s - ref.bubble_s
+    assert float(tl.compute_s[0]) == pytest.approx(float(compute), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(tl.other_s), 0.0)
 
 
 def test_sweep_equals_one_by_one():
@@ -143,9 +156,10 @@ def test_sweep_equals_one_by_one():
     many = collab.sweep(collab.size_models(sizes), sites, agg, setup)
     for i, s in enumerate(sizes):
         one = collab.round_timeline(mlp_from_params(s).spec, sites, agg, setup)
-        np.testing.assert_allclose(
-            np.asarray(many.compute_share_pct[i]), np.asarray(one.compute_share_pct), rtol=1e-5
-        )
+        for k in ("compute_utilization_pct", "compute_share_of_busy_pct", "idle_s"):
+            np.testing.assert_allclose(
+                np.asarray(getattr(many, k)[i]), np.asarray(getattr(one, k)), rtol=1e-5, atol=1e-6
+            )
         assert float(many.round_s[i]) == pytest.approx(float(one.round_s), rel=1e-5)
 
 
@@ -159,3 +173,22 @@ def test_gradient_of_round_time_is_finite():
 
     g = jax.grad(f)(np.asarray([1.25e8, 2.5e8], np.float32))
     assert np.all(np.isfinite(np.asarray(g))) and float(g[0]) < 0.0
+
+
+def test_the_sites_work_goes_through_the_one_round_model():
+    m = mlp_from_params("40M").spec
+    sites, agg = _sites(), collab.make_aggregator(CPU, time_factor=2.0)
+    for setup in (collab.make_setup(), collab.make_setup(topology="ring", compression="int8")):
+        n = jax.numpy.asarray(2.0)
+        work = jax.vmap(site_work, in_axes=(None, 0, None, None, None))(m, sites, agg, setup, n)
+        direct = collab.collab_round(work, exchange(m, agg, setup, n))
+        tl = collab.round_timeline(m, sites, agg, setup)
+        assert float(direct.round_s) == pytest.approx(float(tl.round_s), rel=1e-6)
+        # a site's step is perfmodel's, and its compute that step times its local steps
+        step = [
+            float(collab.local_step_s(m, jax.tree.map(lambda x, i=i: x[i], sites))) for i in (0, 1)
+        ]
+        np.testing.assert_allclose(np.asarray(work.step_s), step, rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(tl.compute_s), [100 * step[0] + 2.0, 50 * step[1]], rtol=1e-5
+        )

@@ -1,4 +1,4 @@
-"""calibration.serde: the protobuf codec against hand-encoded bytes, every format's round trip,
+"""collab.serialisation: the protobuf codec against hand-encoded bytes, every format's round trip,
 the benchmark's rows and throughputs, and the scenario parser's errors as data."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration import serde
-from perfmodel import collab
-from perfmodel.collab import parse_sizes, scenario_from_text
-from perfmodel.collab_text import parse_rates
+import collab
+from collab import parse_sizes, scenario_from_text
+from collab import serialisation as serde
+from collab.settings import parse_rates
 from simbase.errors import AisimError
 
 
@@ -96,7 +96,7 @@ def test_library_errors_carry_data_not_flags(call, field, value):
 def test_public_api_names_exist_and_profiles_round_trip(tmp_path):
     import json
 
-    from calibration.collab_profile import apply_profile, serde_profile
+    from collab.profile import apply_profile, serde_profile
 
     assert all(hasattr(collab, n) for n in collab.__all__)
     rows = serde.measure_serde(["1k"], ["pickle"], repeats=1)

@@ -25,8 +25,8 @@ from perfmodel import (
     step_time,
     strategy_from_knobs,
 )
-from perfmodel.choices import RECOMPUTE_ALIASES
-from perfmodel.distir import distir_step_time
+from perfmodel.specs.choices import RECOMPUTE_ALIASES
+from perfmodel.step.distir import distir_step_time
 
 # a 96-layer, 96-head model (GPT-3 175B's shape) on 64 GPUs
 SHAPE = dict(num_layers=96, num_heads=96, num_kv_heads=96)
@@ -62,7 +62,7 @@ def test_choice_codes_and_labels_are_fixed():
     assert Schedule.labels() == ("gpipe", "1f1b", "interleaved")
     assert ZeroStage.labels() == ("0", "1", "2", "3")
     assert Recompute.labels() == ("none", "selective", "full")
-    assert Dtype.labels() == ("fp32", "tf32", "bf16", "fp16", "fp8")
+    assert Dtype.labels() == ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")  # new ones at the end
 
 
 def test_recompute_aliases_mean_full_and_none():
@@ -80,9 +80,9 @@ def test_choice_parse_error_is_data(value):
 
 def test_enums_compare_inside_jit():
     s = make_strategy(schedule="interleaved", interleave=2, pp=2, num_microbatches=2)
-    assert bool(jnp.asarray(s.schedule) == Schedule.INTERLEAVED)
-    assert make_strategy(recompute=Recompute.FULL).recompute == 2.0
-    assert make_strategy(recompute="yes").recompute == float(Recompute.FULL)
+    assert bool(jnp.asarray(s.batching.schedule) == Schedule.INTERLEAVED)
+    assert make_strategy(recompute=Recompute.FULL).memory.recompute == 2.0
+    assert make_strategy(recompute="yes").memory.recompute == float(Recompute.FULL)
 
 
 # ---------------------------------------------------------------- strategy_from_knobs
@@ -100,8 +100,8 @@ def test_enums_compare_inside_jit():
         (dict(tp=3, num_gpus=64, num_heads=96), "tp", 3),
         (dict(dp=3), "dp", 3),
         (dict(pp=128, num_gpus=128), "pp", 128),
-        (dict(global_batch=65), "global_batch", 65),
-        (dict(global_batch=64, num_microbatches=2), "global_batch", 64),
+        (dict(global_batch=65), "global_batch_size", 65),
+        (dict(global_batch_size=64, num_microbatches=2), "global_batch_size", 64),
         (dict(schedule="1f1b", interleave=2), "interleave", 2),
         (dict(schedule="interleaved", interleave=1, pp=2), "interleave", 1),
         (dict(schedule="interleaved", interleave=50, pp=2), "interleave", 50),  # 100 > 96 + 2
@@ -143,18 +143,19 @@ def test_interleave_message_names_no_flag():
 
 def test_strategy_from_knobs_derives_what_was_left_out():
     s = _knobs(tp=8, pp=4, global_batch=64, micro_batch_size=1, interleave=2)
-    assert (float(s.dp), float(s.num_microbatches)) == (2.0, 32.0)
-    assert s.schedule == Schedule.INTERLEAVED
-    assert _knobs(tp=8, pp=4).schedule == Schedule.ONE_F_ONE_B
-    assert _knobs(recompute="yes").recompute == Recompute.FULL
-    assert _knobs(zero_stage="2").zero_stage == ZeroStage.GRADIENTS
+    assert (float(s.layout.dp), float(s.batching.num_microbatches)) == (2.0, 32.0)
+    assert s.batching.schedule == Schedule.INTERLEAVED
+    assert _knobs(tp=8, pp=4).batching.schedule == Schedule.ONE_F_ONE_B
+    assert _knobs(recompute="yes").memory.recompute == Recompute.FULL
+    assert _knobs(zero="2").memory.zero_stage == ZeroStage.GRADIENTS
+    assert _knobs(zero_stage="2").memory.zero_stage == ZeroStage.GRADIENTS
 
 
 def test_distir_tp_rule_accepts_a_non_divisor():
     s = strategy_from_knobs(
         num_layers=12, num_heads=12, num_kv_heads=12, num_gpus=8, tp=8, tp_rule="distir"
     )
-    assert float(s.tp) == 8.0
+    assert float(s.layout.tp) == 8.0
     with pytest.raises(AisimError) as e:
         strategy_from_knobs(
             num_layers=12, num_heads=12, num_kv_heads=12, num_gpus=16, tp=16, tp_rule="distir"
@@ -170,13 +171,13 @@ def test_distir_tp_rule_accepts_a_non_divisor():
 )
 def test_enumerate_strategies_errors_name_the_argument(kw, field):
     with pytest.raises(AisimError) as e:
-        enumerate_strategies(**SHAPE, num_gpus=64, global_batch=64, gpus_per_node=8, **kw)
+        enumerate_strategies(**SHAPE, num_gpus=64, global_batch_size=64, gpus_per_node=8, **kw)
     assert e.value.source is None and e.value.field == field
     assert "--" not in str(e.value)
 
 
 def test_grid_rules_name_no_flag_and_say_which_argument_lifts_them():
-    g = enumerate_strategies(**SHAPE, num_gpus=64, global_batch=64, gpus_per_node=4, tp=[8])
+    g = enumerate_strategies(**SHAPE, num_gpus=64, global_batch_size=64, gpus_per_node=4, tp=[8])
     reason = "tp crosses a node of 4 GPUs"
     assert g.rejected[reason] > 0 and g.lifted_by == {reason: "allow_cross_node_tp"}
     assert not any("--" in r for r in g.rejected)
@@ -215,10 +216,50 @@ def test_public_api_resolves_and_is_documented():
 
 
 def test_search_rank_by_error_is_data():
-    from perfmodel import search as srch
+    from perfmodel.search import reduce as srch
 
-    g = enumerate_strategies(**SHAPE, num_gpus=8, global_batch=8, gpus_per_node=8, tp=[8])
+    g = enumerate_strategies(**SHAPE, num_gpus=8, global_batch_size=8, gpus_per_node=8, tp=[8])
     hw = load_hardware("a100-80gb")
     with pytest.raises(AisimError) as e:
         srch.search(load_model("gpt3-175b").spec, hw.spec, hw.constants, g, rank_by="speed")
     assert (e.value.field, e.value.value) == ("rank_by", "speed")
+
+
+def test_a_stack_by_name_is_the_stack_with_its_constants_in_the_library_and_the_cli():
+    """``estimate(stack="torchtitan")`` and ``sweep(stack=...)`` are what ``--stack torchtitan``
+    gives: the preset's behaviours, recipe defaults and constants fitted on the hardware."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from aisim.app import app
+    from perfmodel import load_hardware, load_stack, sweep
+    from perfmodel.plan.stack_constants import stack_constants
+
+    kw = dict(hardware="h100-sxm", num_gpus=8, tp=2, pp=1, global_batch=16)
+    by_name = perfmodel.estimate("llama3-8b", stack="torchtitan", **kw)
+    preset = load_stack("torchtitan")
+    consts = stack_constants(preset, load_hardware("h100-sxm")).constants
+    by_hand = perfmodel.estimate("llama3-8b", stack=preset, constants=consts, **kw)
+    assert by_name.strategy == by_hand.strategy
+    assert by_name.strategy.stack.name == "torchtitan"
+    assert by_name.strategy.stack.attention_kernel.name == "FA2"  # the preset's, not cuDNN
+    assert float(by_name.breakdown.step_time_s) == float(by_hand.breakdown.step_time_s)
+    # not the registry's behaviours and the hardware preset's constants
+    plain = perfmodel.estimate("llama3-8b", **kw)
+    assert float(plain.breakdown.step_time_s) != float(by_name.breakdown.step_time_s)
+    cli = CliRunner().invoke(app, ["perf", "estimate", "--model", "llama3-8b", "--hardware",
+                                   "h100-sxm", "--gpus", "8", "--tp", "2", "--pp", "1",
+                                   "--global-batch", "16", "--stack", "torchtitan", "--json"])  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["step_time_s"] == pytest.approx(
+        float(by_name.breakdown.step_time_s), rel=1e-6
+    )
+    grid = sweep("llama3-8b", "h100-sxm", num_gpus=8, global_batch=16, tp=[2], pp=[1],
+                 micro_batch_size=[by_name.strategy.batching.micro_batch_size],
+                 stack="torchtitan", top=50)  # fmt: skip
+    same = [r for r in grid.top if r["recompute"] == by_name.to_dict()["recompute"]
+            and r["zero_stage"] == by_name.to_dict()["zero_stage"]]  # fmt: skip
+    assert same and same[0]["step_time_s"] == pytest.approx(
+        float(by_name.breakdown.step_time_s), rel=1e-5
+    )

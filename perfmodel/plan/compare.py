@@ -1,0 +1,99 @@
+"""Hardware side by side for one training run: each one's best strategy and its plan.
+
+Contract: :func:`compare_hardware` runs :func:`perfmodel.plan.training.plan_sweep` once per
+hardware, so that each gets its own best strategy under the same ranking, GPU count and batch,
+and returns the ``aisim perf compare --json`` document. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from perfmodel.plan.training import plan_sweep
+from perfmodel.search.sweep import strategy_label
+from perfmodel.specs.constants import Constants
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from simbase.errors import bad_value
+
+# what each hardware's row carries (and a table of them holds)
+COMPARE_KEYS = (
+    "hardware",
+    "num_gpus",
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "train_days",
+    "gpu_hours",
+    "cost_usd",
+    "energy_mwh",
+    "price_per_gpu_hour_usd",
+    "board_power_w",
+)
+RANKINGS = ("time", "cost", "energy")
+
+
+def compare_hardware(
+    model: Model,
+    hardware: list[Hardware],
+    *,
+    tokens: float,
+    num_gpus: int = 1024,
+    global_batch: int = 1536,
+    rank_by: str = "time",
+    constants_for: Callable[[Hardware], Constants] | None = None,
+    stack=None,
+    **plan: Any,
+) -> dict[str, Any]:
+    """The best strategy of each hardware at one GPU count and batch, and its plan.
+
+    Args:
+      model: the model.
+      hardware: the hardware to compare (each searched on its own).
+      tokens: tokens to train on.
+      num_gpus: devices on each hardware.
+      global_batch: samples per optimiser step.
+      rank_by: ``time``, ``cost`` or ``energy``: how each hardware's best is chosen.
+      constants_for: the constants of a hardware (a calibrated profile); default its preset's.
+      stack: the software stack (:func:`perfmodel.sweep`'s).
+      **plan: the plan's options and the grid's knob restrictions (:func:`plan_sweep`'s).
+
+    Returns:
+      ``model``, ``tokens``, ``rank_by``, ``num_gpus``, ``global_batch_size`` and ``hardware``:
+      one entry per hardware with :data:`COMPARE_KEYS`, ``strategy`` (its label) and ``best``
+      (its whole result document).
+
+    Raises:
+      AisimError: an unknown ranking (field ``rank_by``), or a hardware with nothing feasible.
+    """
+    if rank_by not in RANKINGS:
+        raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(RANKINGS))
+    rows = []
+    for hw in hardware:
+        consts = None if constants_for is None else constants_for(hw)
+        result = plan_sweep(
+            [model],
+            [hw],
+            tokens=tokens,
+            rank_by=rank_by,
+            num_gpus=[num_gpus],
+            global_batch=[global_batch],
+            constants=None if consts is None else (lambda _, c=consts: c),
+            top=1,
+            stack=stack,
+            **plan,
+        )
+        best = result.best
+        row = {k: best.get(k) for k in COMPARE_KEYS}
+        row["strategy"] = strategy_label(best)
+        row["best"] = best
+        rows.append(row)
+    return {
+        "model": model.name,
+        "tokens": tokens,
+        "rank_by": rank_by,
+        "num_gpus": num_gpus,
+        "global_batch_size": global_batch,
+        "hardware": rows,
+    }

@@ -1,0 +1,355 @@
+"""Software-stack presets: what a training framework does, as data (``profiles/stacks/*.json``).
+
+Contract: :func:`load_stack` reads a stack document (schema ``aisim.stack/1``; a shipped preset
+by name, a variant as ``NAME@VARIANT``, or a file) into a :class:`StackPreset`:
+
+- ``behaviours``: each stack knob of the registry, a value or ``cases`` (``when`` conditions
+  on the layout and memory knobs, first match wins, the last case unconditional), every one
+  citing the framework's source;
+- ``defaults``: the recipe defaults a framework applies when the user does not choose (a
+  value, maybe only ``when`` a condition holds, ``auto`` for "the least that fits in memory",
+  and ``choices``: what the framework can run at all, which a grid searches);
+- ``variants``: named releases or front ends whose behaviours or defaults differ
+  (``torchtitan@2024-12``);
+- ``constants``: the calibrated constants of the stack on each hardware preset, fitted or
+  carried over with a stated reason.
+
+A preset resolves to one static :class:`~perfmodel.specs.stack.Stack` per strategy
+(:meth:`StackPreset.stack_for`) or per group of a grid's rows (:meth:`StackPreset.partition`).
+A bad document raises :class:`~simbase.errors.AisimError` naming the file and the entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import operator
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfmodel.specs.knobs import BY_NAME, KNOBS, STACK_KNOBS
+from perfmodel.specs.stack import Stack
+from simbase.errors import AisimError, bad_value, suggest
+from simbase.io import read_json
+
+STACK_SCHEMA = "aisim.stack/1"
+AUTO = "auto"
+_OPS = {
+    "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
+    ">": operator.gt, "<": operator.lt,
+}  # fmt: skip
+# the knobs a condition may test: the layout and memory plan, never another behaviour
+CONDITION_KNOBS = tuple(k.name for k in KNOBS if k.home in ("layout", "batching", "memory"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """Tests on knob values that must all hold: ``(knob, operator, code)``."""
+
+    tests: tuple[tuple[str, str, float], ...]
+
+    def holds(self, codes: Mapping[str, Any]) -> Any:
+        """Whether it holds for knob codes (scalars: a bool; numpy columns: a mask)."""
+        out: Any = True
+        for knob, op, code in self.tests:
+            out = out & _OPS[op](np.asarray(codes[knob], np.float64), code)
+        return out
+
+    def text(self) -> str:
+        return " and ".join(f"{k} {op} {BY_NAME[k].text(c)}" for k, op, c in self.tests)
+
+
+def _condition(when: Any, where: str) -> Condition:
+    if not isinstance(when, dict) or not when:
+        raise bad_value(where, "when", when, "an object of knob: '<op><value>' tests")
+    tests = []
+    for knob, test in when.items():
+        if knob not in CONDITION_KNOBS:
+            raise bad_value(where, "when", knob, "a layout or memory knob")
+        text = str(test).strip()
+        op = next((o for o in ("==", "!=", ">=", "<=", ">", "<") if text.startswith(o)), None)
+        if op is None:
+            raise bad_value(where, f"when.{knob}", test, "an operator and a value, e.g. '>1'")
+        value = BY_NAME[knob].parse(text[len(op) :].strip(), where)
+        tests.append((knob, op, BY_NAME[knob].code(value)))
+    return Condition(tuple(tests))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A knob whose value depends on the strategy: ``(condition, value)`` cases in order, the
+    last one's condition ``None`` (it always holds)."""
+
+    knob: str
+    cases: tuple[tuple[Condition | None, Any], ...]
+
+    def value(self, codes: Mapping[str, Any]) -> Any:
+        for cond, value in self.cases:
+            if cond is None or bool(cond.holds(codes)):
+                return value
+        raise AssertionError("the last case always holds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Default:
+    """A recipe default: ``value`` (or :data:`AUTO`) when the user does not choose, only
+    where ``when`` holds (``None``: always), or the value of another knob (``same_as``:
+    torchtitan pipelines as many microbatches as stages); ``choices``: the values the framework
+    can run."""
+
+    knob: str
+    value: Any
+    when: Condition | None = None
+    choices: tuple | None = None
+    same_as: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPreset:
+    """A software stack as its framework runs it (module docstring).
+
+    Attributes:
+      name: ``NAME`` or ``NAME@VARIANT``.
+      base: the behaviours that do not depend on the strategy (and each rule's last case).
+      rules: the behaviours that do, per strategy.
+      defaults: the recipe defaults of the layout, batching and memory knobs.
+      constants: hardware preset -> its calibrated constants entry (``constants`` SI values,
+        ``status`` fitted or carried over, ``reason``, optional ``uncertainty``/``covariance``).
+      document: the file as read (its sources).
+      where: the file.
+    """
+
+    name: str
+    base: Stack
+    rules: tuple[Rule, ...]
+    defaults: tuple[Default, ...]
+    constants: dict
+    document: dict
+    where: str
+
+    def stack_for(self, codes: Mapping[str, Any]) -> Stack:
+        """The stack of one strategy (its knob codes: :meth:`perfmodel.specs.knobs.Knob.code`)."""
+        if not self.rules:
+            return self.base
+        return dataclasses.replace(self.base, **{r.knob: r.value(codes) for r in self.rules})
+
+    def partition(self, rows: Mapping[str, np.ndarray]) -> list[tuple[Stack, np.ndarray]]:
+        """A grid's rows grouped by the stack each gets: ``(stack, row mask)`` pairs."""
+        n = len(next(iter(rows.values())))
+        if not self.rules:
+            return [(self.base, np.ones(n, bool))]
+        keys = np.zeros(n, np.int64)
+        choices: list[list] = []
+        for r in self.rules:
+            taken = np.zeros(n, bool)
+            pick = np.full(n, len(r.cases) - 1)
+            for i, (cond, _) in enumerate(r.cases[:-1]):
+                hit = ~taken & np.broadcast_to(np.asarray(cond.holds(rows), bool), (n,))
+                pick[hit], taken = i, taken | hit
+            keys = keys * len(r.cases) + pick
+            choices.append([v for _, v in r.cases])
+        out = []
+        for key in np.unique(keys):
+            picks, k = [], int(key)
+            for r in reversed(self.rules):
+                k, i = divmod(k, len(r.cases))
+                picks.append((r.knob, r.cases[i][1]))
+            out.append((dataclasses.replace(self.base, **dict(picks)), keys == key))
+        return out
+
+    def default_values(self, codes: Mapping[str, Any]) -> dict[str, Any]:
+        """The recipe defaults that apply to a strategy whose known knob codes are ``codes``
+        (conditional ones only where their condition holds); :data:`AUTO` where the framework
+        leaves it to the least that fits."""
+        out = {}
+        for d in self.defaults:
+            if d.when is not None and not (
+                all(k in codes for k, _, _ in d.when.tests) and bool(d.when.holds(codes))
+            ):
+                continue
+            if d.same_as is None:
+                out[d.knob] = d.value
+            elif d.same_as in codes:
+                out[d.knob] = BY_NAME[d.knob].parse(codes[d.same_as])
+        return out
+
+    def choices(self, knob: str) -> tuple | None:
+        """The values of a knob the framework can run (``None``: any)."""
+        return next((d.choices for d in self.defaults if d.knob == knob and d.choices), None)
+
+    def constants_entry(self, hardware: str) -> dict | None:
+        """This stack's constants entry for a hardware preset, or ``None``."""
+        return self.constants.get(hardware)
+
+
+def _stacks_dir() -> Path:
+    return Path(str(resources.files("perfmodel") / "profiles" / "stacks"))
+
+
+def stack_names() -> list[str]:
+    """Names of the shipped software-stack presets (``profiles/stacks/*.json`` of the stack
+    schema), each variant as ``NAME@VARIANT``."""
+    names = []
+    for p in sorted(_stacks_dir().glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            doc = json.loads(p.read_text())
+            if doc.get("schema") == STACK_SCHEMA:
+                names += [p.stem] + [f"{p.stem}@{v}" for v in doc.get("variants") or {}]
+    return names
+
+
+def load_stack(spec: Any, hardware=None) -> StackPreset | Stack | None:
+    """A software stack: a shipped preset by name (``NAME`` or ``NAME@VARIANT``, any case), a
+    stack JSON file, an already loaded :class:`StackPreset` or :class:`Stack` (returned as
+    they are), or ``None`` (no stack: the registry's behaviours).
+
+    Args:
+      spec: what names the stack.
+      hardware: unused here (the preset carries every hardware's constants); kept so callers
+        say which hardware the stack runs on.
+
+    Raises:
+      AisimError: an unknown name (with the closest names) or a bad file (``field`` names the
+        entry).
+    """
+    del hardware
+    if spec is None or isinstance(spec, StackPreset | Stack):
+        return spec
+    path = Path(str(spec))
+    variant = None
+    if not path.is_file():
+        key = str(spec).strip().lower()
+        base, _, variant = key.partition("@")
+        if key not in stack_names():
+            raise bad_value(None, "stack", str(spec), "a stack preset or a stack JSON file",
+                            hint=suggest(key, stack_names()).lstrip("; "))  # fmt: skip
+        path = _stacks_dir() / f"{base}.json"
+    return preset_from_dict(read_json(path, "stack file"), str(path), variant or None)
+
+
+def preset_from_dict(doc: Any, where: str, variant: str | None = None) -> StackPreset:
+    """A :class:`StackPreset` from a stack document (module docstring), with a variant's
+    behaviours and defaults over the base ones.
+
+    Raises:
+      AisimError: naming ``where`` and the bad entry.
+    """
+    if not isinstance(doc, dict) or doc.get("schema") != STACK_SCHEMA:
+        shown = doc.get("schema") if isinstance(doc, dict) else doc
+        raise bad_value(where, "schema", shown, f"{STACK_SCHEMA!r} (a software-stack document)")
+    behaviours = dict(doc.get("behaviours") or {})
+    defaults = dict(doc.get("defaults") or {})
+    constants = dict(doc.get("constants") or {})
+    name = str(doc.get("name") or Path(where).stem)
+    if variant:
+        v = (doc.get("variants") or {}).get(variant)
+        if not isinstance(v, dict):
+            raise bad_value(where, "variants", variant, "a variant of the stack document")
+        behaviours |= v.get("behaviours") or {}
+        defaults |= v.get("defaults") or {}
+        # a version's own fits (its hardware) over the stack's pooled ones
+        constants |= v.get("constants") or {}
+        name = f"{name}@{variant}"
+    base, rules = _behaviours(behaviours, where, name)
+    return StackPreset(
+        name=name,
+        base=base,
+        rules=rules,
+        defaults=tuple(_default(k, e, f"{where}: defaults.{k}") for k, e in defaults.items()),
+        constants=constants,
+        document=doc,
+        where=where,
+    )
+
+
+def _behaviours(entries: dict, where: str, name: str) -> tuple[Stack, tuple[Rule, ...]]:
+    values, rules = {}, []
+    for knob_name, entry in entries.items():
+        here = f"{where}: behaviours.{knob_name}"
+        knob = BY_NAME.get(knob_name)
+        if knob is None or knob.home != "stack":
+            raise bad_value(where, "behaviours", knob_name, "a stack knob of the registry")
+        if not isinstance(entry, dict) or ("value" not in entry and "cases" not in entry):
+            raise bad_value(here, "value", entry, "an object with a 'value' or 'cases'")
+        if "cases" not in entry:
+            values[knob_name] = knob.parse(entry["value"], here)
+            continue
+        cases = []
+        for i, case in enumerate(entry["cases"]):
+            last = i == len(entry["cases"]) - 1
+            cond = None if last and "when" not in case else _condition(case.get("when"), here)
+            cases.append((cond, knob.parse(case.get("value"), here)))
+        if cases[-1][0] is not None:
+            raise bad_value(here, "cases", entry["cases"], "a last case without 'when'")
+        values[knob_name] = cases[-1][1]
+        rules.append(Rule(knob_name, tuple(cases)))
+    missing = [k.name for k in STACK_KNOBS if k.name not in values]
+    if missing:
+        raise bad_value(where, "behaviours", ", ".join(missing), "every stack knob of the registry")
+    return Stack(name=name, **values), tuple(rules)
+
+
+def _default(knob_name: str, entry: Any, where: str) -> Default:
+    knob = BY_NAME.get(knob_name)
+    if knob is None or knob.home is None:
+        raise bad_value(where, "defaults", knob_name, "a knob of the registry")
+    if not isinstance(entry, dict) or ("value" not in entry and "same_as" not in entry):
+        raise bad_value(where, "value", entry, "an object with a 'value' or 'same_as'")
+    when = _condition(entry["when"], where) if entry.get("when") else None
+    if "same_as" in entry:
+        if entry["same_as"] not in CONDITION_KNOBS:
+            raise bad_value(where, "same_as", entry["same_as"], "a layout or memory knob")
+        return Default(knob_name, None, when, None, entry["same_as"])
+    raw = entry["value"]
+    value = AUTO if raw == AUTO and knob.auto else knob.parse(raw, where)
+    choices = entry.get("choices")
+    if choices is not None:
+        choices = tuple(knob.parse(c, where) for c in choices)
+    return Default(knob_name, value, when, choices)
+
+
+def explain(preset: StackPreset) -> list[dict[str, Any]]:
+    """Every behaviour and recipe default of a preset with the source that states it: one dict
+    per knob (``knob``, ``kind`` "behaviour" or "default", ``value`` as text, with its
+    conditions, and ``source``), a variant's entries over its base's."""
+    doc = preset.document or {}
+    entries = {"behaviour": dict(doc.get("behaviours") or {}),
+               "default": dict(doc.get("defaults") or {})}  # fmt: skip
+    variant = preset.name.partition("@")[2]
+    if variant:
+        v = (doc.get("variants") or {}).get(variant) or {}
+        entries["behaviour"] |= v.get("behaviours") or {}
+        entries["default"] |= v.get("defaults") or {}
+    rules = {r.knob: r for r in preset.rules}
+    out = []
+    for k in STACK_KNOBS:
+        if k.name in rules:
+            value = "; ".join(f"{k.text(v) or 'none'} if {c.text()}" if c
+                              else f"{k.text(v) or 'none'} otherwise"
+                              for c, v in rules[k.name].cases)  # fmt: skip
+        else:
+            value = k.text(getattr(preset.base, k.name))
+        out.append(("behaviour", k.name, value))
+    for d in preset.defaults:
+        k = BY_NAME[d.knob]
+        value = (f"= {d.same_as}" if d.same_as else AUTO if d.value == AUTO
+                 else k.text(k.code(d.value)))  # fmt: skip
+        if d.when:
+            value += f" if {d.when.text()}"
+        out.append(("default", d.knob, value))
+    return [{"knob": knob, "kind": kind, "value": value or "none",
+             "source": str((entries[kind].get(knob) or {}).get("source") or "registry default")}
+            for kind, knob, value in out]  # fmt: skip
+
+
+def ensure_known(names: list[str], where: str) -> None:
+    """Raises if a stack name is not shipped (for tables that name stacks per row)."""
+    known = stack_names()
+    for n in names:
+        if n not in known:
+            raise AisimError(f"{where}: unknown stack {n!r}{suggest(n, known)}")

@@ -1,0 +1,374 @@
+"""`aisim perf estimate` through the CLI: the JSON document against the library, the model's
+attention kernel and DistIR's cost model, user model and hardware files, and bad input (one
+line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from aisim.app import app
+from perfmodel import estimate, load_hardware, load_model, make_strategy, step_time
+from perfmodel.step.distir import distir_step_time
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_estimate_json_matches_library_and_has_required_keys():
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "megatron-22B",
+        "--hardware",
+        "A100-80GB",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "4",
+        "--micro-batch",
+        "4",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for key in (
+        "step_time_s",
+        "throughput_samples_per_s",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "memory_per_device_bytes",
+        "feasible",
+        "breakdown",
+    ):
+        assert key in doc
+    hw = load_hardware("a100-80gb")
+    s = make_strategy(
+        tp=8, micro_batch_size=4, num_microbatches=1, recompute="selective", sequence_parallel=True
+    )
+    out = step_time(load_model("megatron-22b").spec, hw.spec, hw.constants, s)
+    assert doc["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
+    assert doc["throughput_samples_per_s"] == pytest.approx(4 / doc["step_time_s"], rel=1e-5)
+    assert sum(v for k, v in doc["breakdown"].items() if k != "step_time_s") == pytest.approx(
+        doc["step_time_s"], rel=1e-5
+    )
+    assert doc["fused_attention"] is False
+    # --fused-attention reaches the model: the library's number, and the knob in the document
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "megatron-22B",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "4",
+        "--micro-batch",
+        "4",
+        "--recompute",
+        "none",
+        "--fused-attention",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    fa = json.loads(r.output)
+    assert fa["fused_attention"] is True
+    s = make_strategy(
+        tp=8, micro_batch_size=4, num_microbatches=1, recompute="none", fused_attention=True
+    )
+    out = step_time(load_model("megatron-22b").spec, hw.spec, hw.constants, s)
+    assert fa["step_time_s"] == pytest.approx(float(out.step_time_s), rel=1e-5)
+
+
+def test_estimate_table_for_people():
+    r = run("perf", "estimate")
+    assert r.exit_code == 0, r.output
+    assert "step time" in r.output and "MFU" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tp", "5", "--gpus", "40", "--pp", "1"], "attention heads"),
+        (["--tp", "8", "--pp", "3", "--gpus", "64"], "divisor of --gpus=64"),
+        (["--global-batch", "1537"], "--global-batch"),
+        (["--model", "gpt-3"], "did you mean"),
+        (["--hardware", "a100"], "a100-80gb"),
+        (["--recompute", "sometimes"], "none, selective, full"),
+        (["--zero", "5"], "one of 0, 1, 2, 3"),  # the stages there are
+        (["--interleave", "13"], "interleave"),  # 8 x 13 chunks > 96 layers + 2
+        (["--schedule", "1f1b", "--interleave", "2"], "interleave"),
+        (["--cost-model", "calculon"], "--cost-model"),
+        (["--layers", "0"], "--layers"),
+        (["--widths", "784,x"], "--widths"),
+        (["--params", "60M", "--model", "gpt3-13b"], "--params"),
+        (["--gpus-per-node", "0"], "--gpus-per-node"),
+        (["--micro-batch", "0"], "--micro-batch"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    r = run("perf", "estimate", *args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.output
+    assert "Traceback" not in r.output
+
+
+def _hw_doc():
+    return json.loads(Path(load_hardware("a100-80gb").path).read_text())
+
+
+def test_user_hardware_file_is_used_and_validated(tmp_path):
+    doc = _hw_doc()
+    doc["memory_bandwidth_gb_per_s"] = 4078.0  # twice the A100's HBM bandwidth
+    f = tmp_path / "fast.json"
+    f.write_text(json.dumps(doc))
+    args = [
+        "perf",
+        "estimate",
+        "--model",
+        "gpt3-1.3b",
+        "--gpus",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--json",
+    ]
+    base = json.loads(run(*args).output)["step_time_s"]
+    fast = json.loads(run(*args, "--hardware-file", str(f)).output)["step_time_s"]
+    assert fast < base
+    doc["memory_bandwidth_gb_per_s"] = -1
+    f.write_text(json.dumps(doc))
+    r = run(*args, "--hardware-file", str(f))
+    assert r.exit_code == 2 and "memory_bandwidth_gb_per_s" in r.output and "GB/s" in r.output
+    del doc["links"]["inter_node"]["bandwidth_gb_per_s"]
+    doc["memory_bandwidth_gb_per_s"] = 2039
+    f.write_text(json.dumps(doc))
+    r = run(*args, "--hardware-file", str(f))
+    assert r.exit_code == 2 and "links.inter_node.bandwidth_gb_per_s" in r.output
+
+
+def test_user_model_file_is_validated(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text(
+        json.dumps(
+            {
+                "kind": "transformer",
+                "num_layers": 4,
+                "hidden_size": -64,
+                "num_heads": 4,
+                "seq_len": 128,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    r = run("perf", "estimate", "--model-file", str(f), "--gpus", "1", "--tp", "1", "--pp", "1")
+    assert r.exit_code == 2 and "hidden_size" in r.output and "-64" in r.output
+    f.write_text(
+        json.dumps(
+            {
+                "kind": "transformer",
+                "num_layers": 4,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    r = run("perf", "estimate", "--model-file", str(f), "--gpus", "1", "--tp", "1", "--pp", "1")
+    assert r.exit_code == 2 and "seq_len" in r.output
+    f.write_text("{not json")
+    r = run("perf", "estimate", "--model-file", str(f), "--gpus", "1", "--tp", "1", "--pp", "1")
+    assert r.exit_code == 2 and "not valid JSON" in r.output
+
+
+def test_custom_model_and_params_mlp():
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "custom",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--seq-len",
+        "128",
+        "--vocab",
+        "1000",
+        "--gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    r = run(
+        "perf",
+        "estimate",
+        "--model",
+        "custom",
+        "--layers",
+        "4",
+        "--gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+    )
+    assert r.exit_code == 2 and "--hidden" in r.output
+    r = run(
+        "perf",
+        "estimate",
+        "--params",
+        "60M",
+        "--gpus",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--global-batch",
+        "64",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["params"] == pytest.approx(60e6, rel=0.01)
+
+
+def test_profile_for_other_hardware_names_the_option_to_pass(tmp_path):
+    from calibration.profile import PROFILE_SCHEMA
+
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"schema": PROFILE_SCHEMA, "hardware": "a100-80gb", "constants": {}}))
+    for cmd in (["estimate"], ["grid", "--model", "gpt3-13b", "--gpus", "64"]):
+        r = run("perf", *cmd, "--profile", str(f), "--hardware", "h100-sxm")
+        assert r.exit_code == 2, r.output
+        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(f) in lines[0] and "pass --hardware a100-80gb" in lines[0]
+    r = run("perf", "estimate", "--profile", str(f), "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["hardware"] == "a100-80gb"
+
+
+def test_the_cli_default_and_its_override():
+    args = ["perf", "estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8"]
+    args += ["--tp", "1", "--pp", "1", "--global-batch", "8", "--recompute", "full", "--json"]
+    on = json.loads(runner.invoke(app, args).stdout)
+    off = json.loads(runner.invoke(app, [*args, "--no-fused-attention"]).stdout)
+    assert on["fused_attention"] is True
+    assert off["fused_attention"] is False
+    assert on["step_time_s"] < off["step_time_s"]
+    knobs = dict(hardware="h100-sxm", num_gpus=8, tp=1, pp=1, global_batch=8, recompute="full")
+    assert np.isclose(on["step_time_s"], estimate("llama3-8b", **knobs).to_dict()["step_time_s"])
+
+
+def test_cli_estimate_cost_model_distir():
+    res = CliRunner().invoke(
+        app,
+        [
+            "perf",
+            "estimate",
+            "--model",
+            "mlp-small",
+            "--cost-model",
+            "distir",
+            "--gpus",
+            "4",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--global-batch",
+            "128",
+            "--micro-batch",
+            "32",
+            "--dtype",
+            "fp16",
+            "--recompute",
+            "none",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["cost_model"] == "distir"
+    assert doc["throughput_samples_per_s"] == pytest.approx(121.73, rel=0.005)
+
+
+def test_cli_estimate_distir_takes_tp_that_only_fits_distirs_rule():
+    # gpt2 has 12 heads: tp 8 is DistIR-valid (heads >= tp) but not a Megatron split of the heads.
+    args = [
+        "perf",
+        "estimate",
+        "--model",
+        "gpt2",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "8",
+        "--dtype",
+        "fp16",
+        "--json",
+    ]
+    res = CliRunner().invoke(app, [*args, "--cost-model", "distir"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    gpt2 = load_model("gpt2").spec
+    hw = load_hardware("a100-80gb")
+    one = distir_step_time(gpt2, hw.spec, hw.constants, make_strategy(tp=8, micro_batch_size=8))
+    assert doc["valid"] and doc["step_time_s"] == pytest.approx(float(one.step_time_s), rel=1e-6)
+    aisim = CliRunner().invoke(app, [*args, "--cost-model", "aisim"])
+    assert (
+        aisim.exit_code == 2 and "a divisor of the number of attention heads (12)" in aisim.output
+    )
+    over = CliRunner().invoke(
+        app,
+        [
+            "perf",
+            "estimate",
+            "--model",
+            "gpt2",
+            "--gpus",
+            "16",
+            "--tp",
+            "16",
+            "--pp",
+            "1",
+            "--cost-model",
+            "distir",
+        ],
+    )
+    assert over.exit_code == 2 and "at most the number of attention heads (12" in over.output
