@@ -116,7 +116,10 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--dataset", "cifar"], "'--dataset' = 'cifar': expected one of digits, mnist"),
+        (
+            ["--dataset", "cifar"],
+            "'--dataset' = 'cifar': expected a known data set; did you mean cifar10, cifar100?",
+        ),
         (["--clients", "10", "--clients-per-round", "11"], "clients-per-round"),
         (["--lr", "-0.1"], "lr"),
         (["--algorithm", "fedsgdd"], "algorithm"),

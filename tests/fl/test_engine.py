@@ -22,7 +22,7 @@ def _loop_round(b, state):
     plan = jax.jit(lambda s: rnd.plan_cohort(b.spec, s, b.inputs, b.hyper))(state)
     g = state.params
     total, wsum = jax.tree.map(jnp.zeros_like, g), 0.0
-    mu = b.hyper.mu if b.spec.algorithm.proximal else jnp.zeros(())
+    mu = b.hyper.mu
     upd = jax.jit(lu.local_update, static_argnums=(0, 5))
     for i in range(b.spec.cohort):
         cid = int(plan.ids[i])
@@ -220,7 +220,7 @@ def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(tmp_path, c
     # An older aisim's checkpoint has fewer state arrays (e.g. before the simulated clock).
     from flax import serialization
 
-    from fl.simulation import CHECKPOINT
+    from fl.run_folder import CHECKPOINT
     from simbase.errors import AisimError
 
     cfg = cfg_factory(rounds=3, checkpoint_every=1)
