@@ -88,7 +88,8 @@ def from_arrays(
       y: ``[n ...]`` labels: class ids for classification and next-token tasks, float targets
         with ``integer_labels=False`` (regression).
       client_ids: ``[n]`` the client of each sample (any hashable values).
-      x_test, y_test: a held-out test set; ``None``: each client's last ``test_fraction``.
+      x_test: held-out test features; ``None``: each client's last ``test_fraction``.
+      y_test: their labels.
       num_classes: the number of classes (default: the largest label + 1).
       integer_labels: whether ``y`` holds class ids.
       clients: the clients that should exist (a listed client without samples is an error);

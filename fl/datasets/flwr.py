@@ -49,7 +49,8 @@ def from_flwr(
       partitioner: a ``flwr_datasets`` partitioner (or ``FederatedDataset``) with
         ``load_partition(i)``.
       num_partitions: partitions to read (default: ``partitioner.num_partitions``).
-      x_key, y_key: the feature and label columns (CIFAR-10 on the Hub: ``img``, ``label``).
+      x_key: the feature column (CIFAR-10 on the Hub: ``img``).
+      y_key: the label column (``label``).
       test: a test split (a ``Dataset`` with the same columns), or ``None``.
       num_classes: the number of classes (default: the largest label + 1).
       name: the data set's name.

@@ -149,6 +149,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1 and "local_epoch" in lines[0] and "local-epochs" in lines[0]
 
 
+@pytest.mark.slow
 def test_fedbuff_trace_and_client_eval_from_toml_and_flags(tmp_path):
     trace = tmp_path / "trace.csv"
     res = runner.invoke(app, ["fl", "trace", "--clients", "20", "--seed", "2", "--out", str(trace)])

@@ -112,6 +112,7 @@ def test_memory_budget_sets_chunk(build_factory):
     assert big.spec.chunk == 5 and 1 <= tiny.spec.chunk < 5
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
     a = simulate(cfg_factory(rounds=3, seed=1)).metrics
     b = simulate(cfg_factory(rounds=3, seed=1)).metrics
@@ -120,6 +121,7 @@ def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
     assert not a["train_loss"].equals(c["train_loss"])
 
 
+@pytest.mark.slow
 def test_fedavg_drops_stragglers_fedprox_keeps_them(cfg_factory):
     avg = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedavg")).metrics
     prox = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedprox", mu=1.0)).metrics
@@ -200,6 +202,7 @@ def test_size_proportional_sampling_runs(cfg_factory):
     assert m["clients_sampled"].between(1, 8).all() and (m["clients_kept"] >= 1).all()
 
 
+@pytest.mark.slow
 def test_divergence_stops_and_keeps_rows(tmp_path, cfg_factory):
     cfg = cfg_factory(rounds=30, lr=1e36, dataset="synthetic", clients=30, partition="iid")
     r = simulate(cfg, tmp_path)

@@ -237,3 +237,19 @@ def test_cli_runs_a_user_model_data_and_algorithm(tmp_path, monkeypatch):
     assert s["config"]["model_module"] == "my_fl:mlp" and s["config"]["data"] == "d.npz"
     res = CliRunner().invoke(app, [*args[:5], "my_fl:nothing", *args[6:]])
     assert res.exit_code == 2 and "'--model-module' = 'my_fl:nothing'" in res.stderr
+
+
+def test_the_experiment_file_takes_the_new_keys(tmp_path):
+    f = tmp_path / "exp.toml"
+    f.write_text(
+        'data = "d.npz"\ndata-format = "npz"\nmodel-module = "my_fl:mlp"\n'
+        'algorithm-module = "my_fl:fedavg"\ndata-dir = "cache"\ndownload = true\n'
+    )
+    assert fl.load_toml(f) == {
+        "data": "d.npz",
+        "data_format": "npz",
+        "model_module": "my_fl:mlp",
+        "algorithm_module": "my_fl:fedavg",
+        "data_dir": "cache",
+        "download": True,
+    }
