@@ -206,3 +206,25 @@ def test_field_models_have_their_published_sizes():
     assert so.num_params == 4_050_748 and so.task.name == "next-token"
     # ResNet-18 (11.17 M with a 10-class head); group norm has the same affine parameters as BN
     assert make_model("resnet18-gn", (32, 32, 3), 10).num_params == 11_173_962
+
+
+def test_download_fetches_unpacks_and_caches_once(tmp_path, monkeypatch):
+    """--download on a file:// URL (no network): the archive is fetched into the cache and
+    unpacked, and a second load reads the cache without fetching."""
+    import dataclasses
+    import tarfile
+
+    from fl.datasets import sources
+
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(DATA / "cifar10" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    src = dataclasses.replace(SOURCES["cifar10"], url=archive.as_uri())
+    monkeypatch.setitem(sources.SOURCES, "cifar10", src)
+    cache = tmp_path / "cache"
+    folder = local_files("cifar10", cache, download=True)
+    assert folder == cache / "cifar10" and all((folder / f).is_file() for f in src.files)
+    archive.unlink()  # cached: no second fetch
+    assert local_files("cifar10", cache, download=True) == folder
+    ds = load_field("cifar10", data_dir=cache, num_clients=2, partition="iid")
+    assert len(ds.y_train) == 40 and len(ds.y_test) == 8
