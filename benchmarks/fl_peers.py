@@ -1,4 +1,4 @@
-"""aisim against FedJAX on one federated task, trained the same way and timed the same way.
+"""aisim against FedJAX, Flower and pfl-research on the same tasks, trained and timed the same way.
 
 The tasks: scikit-learn digits, Dirichlet(0.5) label skew over 100 clients (aisim's
 per-class partition, the same clients on both sides), all 100 clients every round, the MLP
@@ -21,10 +21,18 @@ and ``protobuf`` at other versions than aisim's, so it runs in its own interpret
 ``--flower-python PATH`` (or ``AISIM_FLOWER_PYTHON``) runs ``fl_peers_flower.py`` there on the
 same clients, written to a temporary .npz, and timed the same way, for as many rounds as the
 others unless ``--flower-rounds`` says fewer (its row says how many, and its accuracy is that
-after its own rounds).
+after its own rounds). pfl-research (``pfl[pytorch]`` with PyTorch, its best single-process
+setting; it pins ``dp-accounting`` below aisim's) runs the same way in its own interpreter:
+``--pfl-python PATH`` (or ``AISIM_PFL_PYTHON``) runs ``fl_peers_pfl.py`` there, for
+``--pfl-rounds`` rounds (default: as many as the others).
+
+The row ``aisim fl run`` is what users run: the command line in a child process
+(``aisim fl run ... --eval-every R --json``, one device, evaluation at the end), its summary's
+``client_updates_per_s`` (training time without the first round, which compiles) against the
+bare jitted round of row ``aisim``.
 
 Usage: ``python benchmarks/fl_peers.py [--rounds N] [--quick] [--flower-python PATH]
-[--flower-rounds N]`` (``AISIM_QUICK=1`` = ``--quick``)
+[--flower-rounds N] [--pfl-python PATH] [--pfl-rounds N]`` (``AISIM_QUICK=1`` = ``--quick``)
 """
 
 from __future__ import annotations
@@ -69,6 +77,11 @@ TASKS = {  # name: (config, rounds, quick rounds)
     "synthetic(1,1) logreg, 1,000 of 1,000 clients": (SYNTHETIC, 10, 3),
 }
 FLOWER_SCRIPT = Path(__file__).with_name("fl_peers_flower.py")
+PFL_SCRIPT = Path(__file__).with_name("fl_peers_pfl.py")
+PFL_HOWTO = (
+    "python3 -m venv ../pfl-venv && ../pfl-venv/bin/pip install torch 'pfl[pytorch]' "
+    "(outside the repository), then --pfl-python ../pfl-venv/bin/python"
+)
 FLOWER_HOWTO = (
     'python3 -m venv ../flwr-venv && ../flwr-venv/bin/pip install "flwr[simulation]" jax '
     "numpy scikit-learn (outside the repository), then --flower-python ../flwr-venv/bin/python"
@@ -220,9 +233,8 @@ def write_partition(cfg: ExperimentConfig, path: Path) -> None:
     )
 
 
-def flower_version(python: str) -> str:
-    """``flwr X.Y.Z`` from ``python``, or why it cannot run Flower's side."""
-    probe = "import flwr, jax, sklearn, ray; print(flwr.__version__)"
+def peer_version(python: str, probe: str) -> str:
+    """What ``probe`` prints in ``python`` (a version), or why that interpreter cannot run it."""
     try:
         r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
     except OSError as e:
@@ -230,85 +242,183 @@ def flower_version(python: str) -> str:
     if r.returncode != 0:
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or [f"exit {r.returncode}"]
         return lines[-1]
-    return f"flwr {r.stdout.strip()}"
+    return r.stdout.strip()
 
 
-def run_flower(cfg: ExperimentConfig, rounds: int, python: str) -> Result | None:
-    """Flower's simulation (``fl_peers_flower.py`` in ``python``) on the same clients."""
-    with tempfile.TemporaryDirectory(prefix="fl_peers_flower_") as tmp:
+PEERS = {  # name: (script, version probe, its prefix, how to install)
+    "flower": (
+        FLOWER_SCRIPT,
+        "import flwr, jax, sklearn, ray; print('flwr', flwr.__version__)",
+        "flwr ",
+        FLOWER_HOWTO,
+    ),
+    "pfl": (
+        PFL_SCRIPT,
+        "import pfl, torch; print('pfl', pfl.__version__, 'torch', torch.__version__)",
+        "pfl ",
+        PFL_HOWTO,
+    ),
+}
+
+
+def run_peer(name: str, cfg: ExperimentConfig, rounds: int, python: str) -> Result | None:
+    """A peer's simulation (its script in ``python``) on the same clients."""
+    script = PEERS[name][0]
+    with tempfile.TemporaryDirectory(prefix=f"fl_peers_{name}_") as tmp:
         part, out = Path(tmp) / "partition.npz", Path(tmp) / "result.json"
         write_partition(cfg, part)
-        cmd = [python, str(FLOWER_SCRIPT), str(part), str(out), "--rounds", str(rounds)]
-        env = dict(os.environ, PYTHONPATH="")  # nothing of aisim's environment in Flower's
+        cmd = [python, str(script), str(part), str(out), "--rounds", str(rounds)]
+        env = dict(os.environ, PYTHONPATH="")  # nothing of aisim's environment in the peer's
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0 or not out.is_file():
             lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or ["no output"]
-            print(f"flower: failed (exit {r.returncode}): {lines[-1]}")
+            print(f"{name}: failed (exit {r.returncode}): {lines[-1]}")
             return None
         res = json.loads(out.read_text())
-    return Result("flower", res["updates_per_s"], res["accuracy"], res["timed_s"], rounds)
+    return Result(name, res["updates_per_s"], res["accuracy"], res["timed_s"], rounds)
 
 
-def main() -> None:
+CLI_FLAGS = (
+    "dataset",
+    "clients",
+    "clients_per_round",
+    "partition",
+    "dirichlet_alpha",
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "devices",
+    "seed",
+)
+
+
+def run_cli(cfg: ExperimentConfig, rounds: int) -> Result | None:
+    """``aisim fl run`` in a child process with one device and evaluation at the end: the
+    summary's training rate and final accuracy."""
+    args = []
+    for f in CLI_FLAGS:
+        v = getattr(cfg, f)
+        if v != getattr(ExperimentConfig(), f) or f in ("dataset", "clients"):
+            args += ["--" + f.replace("_", "-"), str(v)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "aisim",
+        "fl",
+        "run",
+        *args,
+        "--rounds",
+        str(rounds),
+        "--eval-every",
+        str(rounds),
+        "--json",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()] or ["no output"]
+        print(f"aisim fl run: failed (exit {r.returncode}): {lines[-1]}")
+        return None
+    s = json.loads(r.stdout)
+    return Result(
+        "aisim fl run",
+        s["client_updates_per_s"],
+        s["final_test_accuracy"],
+        s["train_time_s"],
+        rounds,
+    )
+
+
+def peer_pythons(args) -> dict[str, str]:
+    """The peers that can run: ``{name: python}``, with a line for each that cannot."""
+    ready = {}
+    for name, python in (("flower", args.flower_python), ("pfl", args.pfl_python)):
+        _, probe, prefix, howto = PEERS[name]
+        if not python:
+            print(f"{name}: not run; to run it: {howto}")
+            continue
+        why = peer_version(python, probe)
+        if why.startswith(prefix):
+            print(f"{name}: {why} in {python}")
+            ready[name] = python
+        else:
+            print(f"{name}: not run, {python}: {why}; {howto}")
+    return ready
+
+
+def _args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every task")
     ap.add_argument("--quick", action="store_true", help="fewer rounds (30 and 3)")
-    ap.add_argument(
-        "--flower-python",
-        default=os.environ.get("AISIM_FLOWER_PYTHON"),
-        help="a Python with flwr[simulation], jax and scikit-learn (env AISIM_FLOWER_PYTHON)",
-    )
-    ap.add_argument(
-        "--flower-rounds", type=int, default=None, help="Flower's rounds (>= 2; default: --rounds)"
-    )
+    for name, env in (("flower", "AISIM_FLOWER_PYTHON"), ("pfl", "AISIM_PFL_PYTHON")):
+        ap.add_argument(
+            f"--{name}-python",
+            default=os.environ.get(env),
+            help=f"a Python that runs fl_peers_{name}.py (env {env})",
+        )
+        ap.add_argument(
+            f"--{name}-rounds",
+            type=int,
+            default=None,
+            help=f"{name}'s rounds (>= 2; default: --rounds)",
+        )
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for name in ("flower", "pfl"):
+        r = getattr(args, f"{name}_rounds")
+        if r is not None and r < 2:
+            ap.error(f"--{name}-rounds = {r}: expected at least 2 (one untimed)")
+    args.quick = args.quick or os.environ.get("AISIM_QUICK") == "1"  # the docs' smoke test
+    return args
+
+
+def _task(name, cfg, rounds, args, peers, multi) -> None:
+    results = [run_aisim(cfg, rounds)]
+    cli = run_cli(cfg, rounds)
+    if cli is not None:
+        results.append(cli)
+    sharded = run_aisim_sharded(name, rounds) if multi else None
+    if sharded is not None:
+        results.append(sharded)
+    try:
+        results.append(run_fedjax(cfg, rounds))
+    except ImportError as e:
+        print(
+            f"fedjax: not installed ({e.name}); pip install fedjax dm-haiku tabulate jmp --no-deps"
+        )
+    for peer, python in peers.items():
+        res = run_peer(peer, cfg, getattr(args, f"{peer}_rounds") or rounds, python)
+        if res is not None:
+            results.append(res)
+    base = results[0].updates_per_s
+    for r in results:
+        line = (
+            f"{name:<62} {r.rounds:>6} {r.name:<12} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
+            f"{base / r.updates_per_s:>7.2f}x"
+        )
+        if sharded is not None:
+            line += f" {sharded.updates_per_s / r.updates_per_s:>10.2f}x"
+        print(line, flush=True)
+
+
+def main() -> None:
+    args = _args()
     if args.child is not None:
         child(args.child, args.rounds)
         return
-    args.quick = args.quick or os.environ.get("AISIM_QUICK") == "1"  # the docs' smoke test
-    if args.flower_rounds is not None and args.flower_rounds < 2:
-        ap.error(f"--flower-rounds = {args.flower_rounds}: expected at least 2 (one untimed)")
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}; E=1, B=10")
-    flower = args.flower_python
-    if not flower:
-        print(f"flower: not run; to run it: {FLOWER_HOWTO}")
-    else:
-        why = flower_version(flower)
-        if why.startswith("flwr "):
-            print(f"flower: {why} in {flower}, on Ray with one actor per core")
-        else:
-            print(f"flower: not run, --flower-python {flower}: {why}; {FLOWER_HOWTO}")
-            flower = None
+    peers = peer_pythons(args)
     cores = os.cpu_count() or 1
     multi = cores > 1 and jax.devices()[0].platform == "cpu"
-    head = f"{'task':<62} {'rounds':>6} {'simulator':<9} {'updates/s':>10} {'accuracy':>8} {'aisim is':>8}"
+    head = (
+        f"{'task':<62} {'rounds':>6} {'simulator':<12} {'updates/s':>10} {'accuracy':>8} "
+        f"{'aisim is':>8}"
+    )
     print(head + (f" {f'aisim {cores}d is':>11}" if multi else ""))
     for name, (cfg, rounds, quick_rounds) in TASKS.items():
-        rounds = args.rounds or (quick_rounds if args.quick else rounds)
-        results = [run_aisim(cfg, rounds)]
-        sharded = run_aisim_sharded(name, rounds) if multi else None
-        if sharded is not None:
-            results.append(sharded)
-        try:
-            results.append(run_fedjax(cfg, rounds))
-        except ImportError as e:
-            print(
-                f"fedjax: not installed ({e.name}); pip install fedjax dm-haiku tabulate jmp --no-deps"
-            )
-        if flower:
-            res = run_flower(cfg, args.flower_rounds or rounds, flower)
-            if res is not None:
-                results.append(res)
-        base = results[0].updates_per_s
-        for r in results:
-            line = (
-                f"{name:<62} {r.rounds:>6} {r.name:<9} {r.updates_per_s:>10.1f} {r.accuracy:>8.3f} "
-                f"{base / r.updates_per_s:>7.2f}x"
-            )
-            if sharded is not None:
-                line += f" {sharded.updates_per_s / r.updates_per_s:>10.2f}x"
-            print(line, flush=True)
+        _task(
+            name, cfg, args.rounds or (quick_rounds if args.quick else rounds), args, peers, multi
+        )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ aggregation and the server step, plus one jit dispatch), 1 step and no cap, and 
 the engine runs: every client of a chunk runs that chunk's largest step count, shorter clients
 masked. ``per step`` is the round's time above the fixed cost divided by the steps run; each
 timing is the best of three. It then
-times the same rounds through :func:`fl.simulate` (one host sync per round for the metrics and
-an evaluation every ``eval_every`` rounds) to show what the CLI's wall time adds.
+times the same rounds through :func:`fl.simulate` (the metrics read at each evaluation, every
+``eval_every`` rounds, and at the end) to show what the CLI's wall time adds.
 
 Usage: ``python benchmarks/fl_profile.py [--rounds N]``
 """

@@ -1,17 +1,35 @@
 """Federated training at scale: vmap over clients inside one jitted round, timed by perfmodel.
 
 The entry point is :func:`simulate` (``fl.simulate(fl.ExperimentConfig(...))``), which is what
-``aisim fl run`` calls; the other names build a run piece by piece. Everything not listed in
+``aisim fl run`` calls; it takes the user's own model (:func:`model_from_linen`,
+:func:`model_from_nnx`, :func:`model_from_functions`), data (:func:`from_arrays`,
+:func:`from_leaf`, :func:`from_tff`, :func:`from_flwr`) and algorithm (:class:`Algorithm`). The
+other names build a run piece by piece. Everything not listed in
 ``__all__`` is internal. Bad settings raise :class:`simbase.errors.AisimError` naming the
 :class:`ExperimentConfig` field.
 """
 
+from fl.algorithm import (
+    AggregateContext,
+    Algorithm,
+    ClientContext,
+    LocalContext,
+    clipped_difference,
+    control_variate_grad,
+    model_difference,
+    noised_mean,
+    proximal_grad,
+    weighted_mean,
+)
 from fl.asynchronous import AsyncSpec, AsyncState, init_async, make_fill, staleness_weight
 from fl.build import Built, build
 from fl.centralised import train_centralised
 from fl.config import ExperimentConfig, load_toml, validate
-from fl.data import FederatedData, digits, load, mnist, synthetic, synthetic_population
-from fl.models import Model, cross_entropy, make_model
+from fl.data import digits, load, mnist, synthetic, synthetic_population
+from fl.datasets import from_arrays, from_flwr, from_leaf, from_npz, from_tff, load_field, load_path
+from fl.federated_data import FederatedData
+from fl.models import cross_entropy, dense_dot_general, make_model
+from fl.modules import Model, model_from_functions, model_from_linen, model_from_nnx
 from fl.partition import Population, dirichlet, iid, quantity, shards
 from fl.personalization import client_stats, make_client_eval, make_ditto_step, split_local
 from fl.plotting import plot_accuracy, plot_loss
@@ -28,9 +46,10 @@ from fl.round import (
     plan_cohort,
 )
 from fl.sampling import sample_uniform
-from fl.server import Algorithm, make_algorithm
+from fl.server import make_algorithm
 from fl.simulation import SimulationResult, load_config_json, simulate
 from fl.systems import DeviceProfile, Systems, client_time_s, draw_systems, load_profile, parse_mix
+from fl.tasks import CLASSIFICATION, NEXT_TOKEN, REGRESSION, Task
 from fl.traces import generate_trace, load_trace, read_trace
 
 __all__ = [
@@ -46,8 +65,15 @@ __all__ = [
     "train_centralised",
     "plot_accuracy",
     "plot_loss",
-    # data and partitions
+    # data and partitions (the user's own: fl.datasets)
     "FederatedData",
+    "from_arrays",
+    "from_npz",
+    "from_leaf",
+    "from_tff",
+    "from_flwr",
+    "load_path",
+    "load_field",
     "load",
     "synthetic",
     "synthetic_population",
@@ -58,11 +84,29 @@ __all__ = [
     "dirichlet",
     "shards",
     "quantity",
-    # models and algorithms (the server optimiser is any optax transformation)
+    # models: built-in by name, or the user's flax module / init-apply pair
     "Model",
     "make_model",
+    "model_from_linen",
+    "model_from_nnx",
+    "model_from_functions",
+    "dense_dot_general",
     "cross_entropy",
+    "Task",
+    "CLASSIFICATION",
+    "NEXT_TOKEN",
+    "REGRESSION",
+    # algorithms: the extension point (fl.algorithm) and the built-in presets
     "Algorithm",
+    "LocalContext",
+    "ClientContext",
+    "AggregateContext",
+    "model_difference",
+    "weighted_mean",
+    "proximal_grad",
+    "control_variate_grad",
+    "clipped_difference",
+    "noised_mean",
     "make_algorithm",
     # the round engine (one jitted round, clients vmapped)
     "RoundSpec",

@@ -221,6 +221,30 @@ def _train_some(spec: AsyncSpec, params, inputs, hyper, ids, keys, active):
     return jax.lax.cond(jnp.sum(active) <= k, narrow, wide)
 
 
+def _make_arrive(spec: AsyncSpec, inputs: RoundInputs, hyper: Hyper, k_pick, version_now):
+    """One arrival of a fill (the body of its ``lax.scan`` over ``K``): the earliest in-flight
+    client arrives and a new client is dispatched into its slot at that time."""
+    rs, k, c = spec.round, spec.buffer_size, spec.concurrency
+    num_clients = inputs.sizes.shape[0]
+
+    def arrive(carry, i):
+        ids, finish, version, src = carry
+        s = jnp.argmin(finish)
+        t = finish[s]
+        busy = jnp.zeros((num_clients + 1,), bool).at[ids.at[s].set(num_clients)].set(True)
+        cid, start = pick_client(jax.random.fold_in(k_pick, i), inputs, t, busy[:-1])
+        out = (src[s], version[s], ids[s], t, s, start)
+        carry = (
+            ids.at[s].set(cid),
+            finish.at[s].set(start + duration_s(rs, inputs, hyper, cid)),
+            version.at[s].set(version_now),
+            src.at[s].set(c + k + i),
+        )
+        return carry, (out, cid)
+
+    return arrive
+
+
 def make_fill(spec: AsyncSpec):
     """Builds ``fill(state, inputs, hyper) -> (state, AsyncMetrics)``: one server update (see
     module), pure and jittable.
@@ -236,7 +260,6 @@ def make_fill(spec: AsyncSpec):
     rs, k, c = spec.round, spec.buffer_size, spec.concurrency
 
     def fill(state: AsyncState, inputs: RoundInputs, hyper: Hyper):
-        num_clients = inputs.sizes.shape[0]
         v = state.server.round
         k_pick, k_train = fill_keys(state.server.key, v)
         # slots dispatched at the last update's time: they train now, on this model
@@ -244,21 +267,7 @@ def make_fill(spec: AsyncSpec):
         pend_ok = pend_slots < c
         src0 = jnp.arange(c).at[pend_slots].set(c + jnp.arange(k), mode="drop")
 
-        def arrive(carry, i):
-            ids, finish, version, src = carry
-            s = jnp.argmin(finish)
-            t = finish[s]
-            busy = jnp.zeros((num_clients + 1,), bool).at[ids.at[s].set(num_clients)].set(True)
-            cid, start = pick_client(jax.random.fold_in(k_pick, i), inputs, t, busy[:-1])
-            out = (src[s], version[s], ids[s], t, s, start)
-            carry = (
-                ids.at[s].set(cid),
-                finish.at[s].set(start + duration_s(rs, inputs, hyper, cid)),
-                version.at[s].set(v),
-                src.at[s].set(c + k + i),
-            )
-            return carry, (out, cid)
-
+        arrive = _make_arrive(spec, inputs, hyper, k_pick, v)
         carry0 = (state.ids, state.finish_s, state.version, src0)
         (ids, finish, version, src), (arr, new_ids) = jax.lax.scan(arrive, carry0, jnp.arange(k))
         a_src, a_ver, a_ids, a_t, a_slot, d_start = arr

@@ -21,10 +21,19 @@ import optax
 from fl import data as fl_data
 from fl import local_update as lu
 from fl import round as rnd
+from fl.algorithm import Algorithm, check_algorithm
+from fl.asynchronous import build_async
 from fl.config import ExperimentConfig, count_stddev, validate
+from fl.datasets import FIELD_DATASETS, load_field, load_path
+from fl.distributed import replicate
+from fl.federated_data import FederatedData
 from fl.models import DEFAULT_MODEL, Model, make_model
+from fl.modules import import_object, model_from_path
+from fl.personalization import split_local
 from fl.server import make_algorithm
 from fl.systems import draw_systems, parse_mix
+from fl.tasks import CLASSIFICATION, NEXT_TOKEN, REGRESSION, Task
+from fl.traces import load_trace
 from simbase.errors import AisimError, bad_value
 from simbase.units import parse_bytes
 
@@ -34,7 +43,7 @@ class Built:
     """Everything a run needs, built once from a config."""
 
     cfg: ExperimentConfig
-    data: fl_data.FederatedData
+    data: FederatedData
     model: Model
     spec: rnd.RoundSpec
     run_round: Callable
@@ -96,6 +105,20 @@ def chunk_size(
 _CACHE: dict = {}
 
 
+class Identity:
+    """A cache key part equal only to itself's object (and keeping it alive, so that its ``id``
+    cannot be reused by another while the entry exists)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Identity) and other.obj is self.obj
+
+
 def _cached(key, make):
     """Memoises the model and the jitted functions of a run by their static description, so that
     repeated runs in one process (sweeps, tests, resume) compile each shape once."""
@@ -106,9 +129,29 @@ def _cached(key, make):
     return _CACHE[key]
 
 
-def load_data(cfg: ExperimentConfig) -> fl_data.FederatedData:
-    """The run's data set and population, checked against the cohort size."""
-    ds = fl_data.load(
+def load_data(cfg: ExperimentConfig) -> FederatedData:
+    """The run's data set and population (``--data``, a field data set, or a bundled one)."""
+    if cfg.data is not None:
+        return load_path(
+            cfg.data,
+            cfg.data_format,
+            num_clients=cfg.clients,
+            partition=cfg.partition,
+            dirichlet_alpha=cfg.dirichlet_alpha,
+            seed=cfg.seed,
+        )
+    if cfg.dataset in FIELD_DATASETS:
+        return load_field(
+            cfg.dataset,
+            num_clients=cfg.clients,
+            partition=cfg.partition,
+            dirichlet_alpha=cfg.dirichlet_alpha,
+            dirichlet_form=cfg.dirichlet_form,
+            seed=cfg.seed,
+            data_dir=cfg.data_dir,
+            download=cfg.download,
+        )
+    return fl_data.load(
         cfg.dataset,
         cfg.clients,
         cfg.partition,
@@ -119,6 +162,10 @@ def load_data(cfg: ExperimentConfig) -> fl_data.FederatedData:
         cfg.seed,
         cfg.dirichlet_form,
     )
+
+
+def check_cohort(cfg: ExperimentConfig, ds: FederatedData) -> None:
+    """The cohort fits in the population that the data set has."""
     if cfg.clients_per_round > ds.population.num_clients:
         raise bad_value(
             None,
@@ -126,24 +173,66 @@ def load_data(cfg: ExperimentConfig) -> fl_data.FederatedData:
             cfg.clients_per_round,
             f"at most the {ds.population.num_clients} clients of the population",
         )
-    return ds
 
 
-def round_spec(cfg: ExperimentConfig, model: Model, max_samples: int, mesh) -> rnd.RoundSpec:
+def infer_task(ds: FederatedData) -> Task:
+    """The task a user's data set asks for: regression for float labels, next-token for labels
+    with a position axis, classification otherwise."""
+    if not np.issubdtype(ds.y_train.dtype, np.integer):
+        return REGRESSION
+    return NEXT_TOKEN if ds.y_train.ndim > 1 else CLASSIFICATION
+
+
+def model_of(cfg: ExperimentConfig, ds: FederatedData) -> Model:
+    """The run's model: ``--model-module``'s factory, or a built-in by name (memoised)."""
+    if cfg.model_module is not None:
+        task = infer_task(ds)
+        outputs = ds.num_classes if task.integer_labels else int(np.prod(ds.y_train.shape[1:]))
+        dtype = jnp.int32 if np.issubdtype(ds.x_train.dtype, np.integer) else jnp.float32
+        key = ("module", cfg.model_module, ds.input_shape, outputs, task.name)
+        return _cached(
+            key, lambda: model_from_path(cfg.model_module, ds.input_shape, outputs, task, dtype)
+        )
+    name = cfg.model or DEFAULT_MODEL.get(ds.name, DEFAULT_MODEL.get(cfg.dataset, "mlp"))
+    key = ("model", name, ds.input_shape, ds.num_classes, ds.vocab_size)
+    return _cached(
+        key, lambda: make_model(name, ds.input_shape, ds.num_classes, vocab=ds.vocab_size)
+    )
+
+
+def algorithm_of(cfg: ExperimentConfig) -> Algorithm:
+    """``--algorithm-module``'s :class:`Algorithm` (an instance, or a function returning one),
+    or the built-in named by ``cfg.algorithm``."""
+    if cfg.algorithm_module is None:
+        return make_algorithm(
+            cfg.algorithm, cfg.server_lr, cfg.server_momentum, cfg.tau, cfg.adaptive_form
+        )
+    obj = import_object(cfg.algorithm_module, "algorithm_module")
+    alg = obj() if callable(obj) and not isinstance(obj, Algorithm) else obj
+    if not isinstance(alg, Algorithm):
+        raise bad_value(
+            None,
+            "algorithm_module",
+            cfg.algorithm_module,
+            "an fl.Algorithm or a function returning one",
+        )
+    return alg
+
+
+def round_spec(
+    cfg: ExperimentConfig, model: Model, alg: Algorithm, max_samples: int, mesh
+) -> rnd.RoundSpec:
     """The static round: algorithm, local training, and the chunk size the memory budget allows
     (on a CPU, also the clients whose parameters fit in :data:`CPU_CACHE_BYTES`)."""
     devices = jax.devices()
-    alg = make_algorithm(
-        cfg.algorithm, cfg.server_lr, cfg.server_momentum, cfg.tau, cfg.adaptive_form
-    )
     local = lu.LocalSpec(
         apply=model.apply,
         client_opt=optax.sgd(cfg.lr),
         batch_size=cfg.batch_size,
         max_samples=max_samples,
         max_epochs=cfg.local_epochs,
-        proximal=alg.proximal,
-        corrected=alg.scaffold,
+        local_grad=alg.local_grad,
+        loss=model.task.loss,
     )
     per_client = client_bytes(model, local, alg.scaffold)
     cache_clients = None
@@ -169,15 +258,13 @@ def round_spec(cfg: ExperimentConfig, model: Model, max_samples: int, mesh) -> r
     )
 
 
-def round_inputs(cfg: ExperimentConfig, ds: fl_data.FederatedData) -> rnd.RoundInputs:
+def round_inputs(cfg: ExperimentConfig, ds: FederatedData) -> rnd.RoundInputs:
     """The device-resident pool (in population order), windows and drawn systems."""
     pop = ds.population
     systems = draw_systems(
         parse_mix(cfg.devices), pop.num_clients, np.random.default_rng(cfg.seed + 1)
     )
     if cfg.trace is not None:
-        from fl.traces import load_trace
-
         systems = load_trace(cfg.trace, systems)
     return rnd.RoundInputs(
         data=lu.LocalData(
@@ -206,27 +293,35 @@ def hyper_of(cfg: ExperimentConfig) -> rnd.Hyper:
     )
 
 
-def build(cfg: ExperimentConfig) -> Built:
-    """Loads the data, draws the systems, and jits the round for ``cfg``."""
-    validate(cfg)
-    ds = load_data(cfg)
+def build(
+    cfg: ExperimentConfig,
+    *,
+    model: Model | None = None,
+    data: FederatedData | None = None,
+    algorithm: Algorithm | None = None,
+) -> Built:
+    """Loads the data, draws the systems, and jits the round for ``cfg``; ``model``, ``data``
+    and ``algorithm`` replace the ones ``cfg`` names (a user's own, from Python)."""
+    validate(cfg, custom_algorithm=algorithm is not None)
+    ds = data if data is not None else load_data(cfg)
+    check_cohort(cfg, ds)
     local_test = None
     if cfg.client_eval:  # each client's local test rows leave its training rows
-        from fl.personalization import split_local
-
         ds, local_test = split_local(ds, cfg.local_test_fraction, cfg.seed)
     pop = ds.population
-    model_name = cfg.model or DEFAULT_MODEL[cfg.dataset]
-    model = _cached(
-        ("model", model_name, ds.input_shape, ds.num_classes),
-        lambda: make_model(model_name, ds.input_shape, ds.num_classes),
-    )
+    model = model if model is not None else model_of(cfg, ds)
+    custom_alg = algorithm is not None or cfg.algorithm_module is not None
+    alg = algorithm if algorithm is not None else algorithm_of(cfg)
+    params = model.init(jax.random.key(cfg.seed))
+    if custom_alg:
+        check_algorithm(alg, params)
     devices = jax.devices()
     mesh = None
     if cfg.shard and len(devices) > 1:
         mesh = jax.sharding.Mesh(np.array(devices), ("clients",))
     static = (
-        model_name,
+        Identity(model),
+        alg if custom_alg else None,
         ds.input_shape,
         ds.num_classes,
         cfg.algorithm,
@@ -246,25 +341,22 @@ def build(cfg: ExperimentConfig) -> Built:
     )
 
     def make_spec():
-        spec = round_spec(cfg, model, int(pop.sizes.max()), mesh)
+        spec = round_spec(cfg, model, alg, int(pop.sizes.max()), mesh)
         return spec, jax.jit(rnd.make_round(spec))
 
     spec, run_round = _cached(("round", *static), make_spec)
     inputs = round_inputs(cfg, ds)
-    params = model.init(jax.random.key(cfg.seed))
     state = rnd.init_server_state(spec, params, pop.num_clients, cfg.seed, cfg.clip_norm)
     if mesh is not None:
         # Replicated over the mesh, as the round returns it: the second round does not recompile.
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         if jax.process_count() > 1:  # the mesh spans processes (fl.distributed)
-            from fl.distributed import replicate
-
             inputs, state = replicate((inputs, state), rep)
         else:
             inputs, state = jax.device_put((inputs, state), rep)
     evaluate = _cached(
-        ("eval", model_name, ds.input_shape, ds.num_classes),
-        lambda: jax.jit(rnd.make_evaluate(model.apply)),
+        ("eval", Identity(model), ds.input_shape, ds.num_classes),
+        lambda: jax.jit(rnd.make_evaluate(model.apply, task=model.task)),
     )
     tr = slice(None) if ds.train_eval_rows is None else ds.train_eval_rows
     eval_sets = (
@@ -274,7 +366,5 @@ def build(cfg: ExperimentConfig) -> Built:
     b = Built(cfg, ds, model, spec, run_round, evaluate, inputs, hyper_of(cfg), state, eval_sets)
     b = dataclasses.replace(b, local_test=local_test)
     if cfg.algorithm == "fedbuff":
-        from fl.asynchronous import build_async
-
         b = build_async(b, _cached, static)
     return b

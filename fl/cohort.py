@@ -12,7 +12,7 @@ from :func:`fl.round.make_round`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +21,8 @@ from jaxtyping import Array, Float
 
 from fl import aggregation as agg
 from fl import local_update as lu
-
-if TYPE_CHECKING:
-    from fl.round import CohortPlan, Hyper, RoundInputs, RoundSpec, ServerState
+from fl.algorithm import CLIENT_AXES, ClientContext
+from fl.state import CohortPlan, Hyper, RoundInputs, RoundSpec, ServerState
 
 
 def _shard(spec: RoundSpec, tree):
@@ -97,7 +96,7 @@ def train_chunk(spec: RoundSpec, g, inputs: RoundInputs, hyper: Hyper, tasks, ma
     table = jax.vmap(lambda k, n: lu.shuffle_table(lu.shuffle_keys(k, local.max_epochs), n))(
         tasks.key, tasks.n
     )
-    mu = hyper.mu if spec.algorithm.proximal else jnp.zeros(())
+    mu = hyper.mu
     batch_all = jax.vmap(lu.batch_rows, in_axes=(None, None, 0, 0))
     train_all = jax.vmap(lu.train_step, in_axes=(None, 0, None, 0, 0, 0, None, None, None))
     # Step 0 starts every client from the same global model: vmapped with the state unbatched,
@@ -150,12 +149,12 @@ def _add_chunk(spec, state, inputs, hyper, train_key, sums: CohortSums, ch) -> C
     ch = _shard(spec, ch)
     tasks, c_i = _chunk_tasks(spec, state, inputs, ch, sums.controls, train_key)
     st = train_chunk(spec, g, inputs, hyper, tasks, jnp.max(ch["steps"]))
-    delta = jax.tree.map(lambda p, p0: p - p0[None], st.params, g)
     unclipped = sums.unclipped
-    if alg.dp:
-        norms = jax.vmap(agg.tree_norm)(delta)
+    if alg.dp:  # adaptive clipping's count of the updates within the clip norm
+        norms = jax.vmap(agg.tree_norm)(jax.tree.map(lambda p, p0: p - p0[None], st.params, g))
         unclipped = unclipped + jnp.sum(ch["weight"] * (norms <= state.clip_norm))
-        delta = jax.vmap(agg.clip_update, in_axes=(0, None))(delta, state.clip_norm)
+    ctx = ClientContext(clip_norm=state.clip_norm, num_samples=ch["n"], steps=st.steps_done)
+    delta = jax.vmap(alg.client_update, in_axes=(0, None, CLIENT_AXES))(st.params, g, ctx)
     sum_delta = jax.tree.map(jnp.add, sums.delta, agg.weighted_sum(delta, ch["weight"]))
     loss = st.loss_sum / jnp.maximum(st.steps_done, 1)
     sum_loss = sums.loss + jnp.sum(ch["weight"] * loss)

@@ -16,18 +16,16 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
+from fl.choices import unknown_name
+from fl.data import DATASETS
+from fl.datasets import FIELD_DATASETS, FORMATS
+from fl.models import MODELS
+from fl.partition import DIRICHLET_FORMS, PARTITIONS
+from fl.server import ADAPTIVE, ADAPTIVE_FORMS, ALGORITHMS
+from fl.systems import parse_mix
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_text
 from simbase.units import parse_bytes
-
-
-def unknown_name(field: str, value: object, choices, what: str) -> AisimError:
-    """The error for a name not among ``choices``: ``field`` = value, expected a known ``what``
-    with the closest names as the hint, or one of ``choices`` when none is close."""
-    close = suggest(str(value), choices)
-    if close.startswith("; known: "):
-        return bad_value(None, field, value, "one of " + close[len("; known: ") :])
-    return bad_value(None, field, value, f"a known {what}", hint=close[2:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +34,10 @@ class ExperimentConfig:
     for the ranges; the command line documents each field in its help)."""
 
     dataset: str = "synthetic"
+    data: str | None = None
+    data_format: str = "auto"
+    data_dir: str | None = None
+    download: bool = False
     alpha: float = 1.0
     beta: float = 1.0
     iid: bool = False
@@ -43,6 +45,7 @@ class ExperimentConfig:
     dirichlet_alpha: float = 0.5
     dirichlet_form: str = "per-class"
     model: str | None = None
+    model_module: str | None = None
     clients: int = 30
     clients_per_round: int = 10
     rounds: int = 200
@@ -50,6 +53,7 @@ class ExperimentConfig:
     batch_size: int = 10
     lr: float = 0.01
     algorithm: str = "fedavg"
+    algorithm_module: str | None = None
     mu: float = 0.0
     server_lr: float | None = None
     server_momentum: float = 0.9
@@ -102,25 +106,25 @@ class ProcessKeys:
 PROCESS_FIELDS = {f.name: f for f in dataclasses.fields(ProcessKeys)}
 
 
-def validate(cfg: ExperimentConfig, where: str | None = None) -> None:
+def validate(
+    cfg: ExperimentConfig, where: str | None = None, custom_algorithm: bool = False
+) -> None:
     """Raises an :class:`AisimError` for the first out-of-range or unknown setting.
 
     Args:
       cfg: the experiment.
       where: the errors' ``source`` (``None``: the values are arguments of the call).
+      custom_algorithm: the run's algorithm is the user's own (passed from Python), so
+        ``cfg.algorithm`` is not the one that runs.
     """
-    from fl.data import DATASETS
-    from fl.models import MODELS
-    from fl.partition import PARTITIONS
-    from fl.server import ALGORITHMS
-    from fl.systems import parse_mix
 
     def choice(field, value, choices, what):
         if value not in choices:
             e = unknown_name(field, value, choices, what)
             raise e.relabel(source=where) if where is not None else e
 
-    choice("dataset", cfg.dataset, DATASETS, "data set")
+    choice("dataset", cfg.dataset, DATASETS + FIELD_DATASETS, "data set")
+    choice("data_format", cfg.data_format, FORMATS, "format")
     choice("algorithm", cfg.algorithm, ALGORITHMS, "algorithm")
     choice("partition", cfg.partition, PARTITIONS, "partition")
     choice("sampling", cfg.sampling, ("uniform", "size"), "sampling")
@@ -184,6 +188,8 @@ def validate(cfg: ExperimentConfig, where: str | None = None) -> None:
         raise bad_value(where, "clip_lr", cfg.clip_lr, "a learning rate > 0")
     if cfg.clip_count_stddev is not None and not cfg.clip_count_stddev > 0:
         raise bad_value(where, "clip_count_stddev", cfg.clip_count_stddev, "a number > 0")
+    if custom_algorithm and cfg.algorithm_module is None:
+        cfg = dataclasses.replace(cfg, algorithm_module="(python)")
     _check_effective(cfg, where)
 
 
@@ -201,7 +207,6 @@ def count_stddev(cfg: ExperimentConfig) -> float:
 def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
     """A setting that the chosen configuration would ignore is an error, not a silent no-op:
     a field moved off its default that has no effect, and combinations that cannot be honoured."""
-    from fl.server import ADAPTIVE
 
     def unused(field, why):
         default = getattr(DEFAULTS, field)
@@ -210,24 +215,26 @@ def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
     def moved(field):
         return getattr(cfg, field) != getattr(DEFAULTS, field)
 
-    population = cfg.dataset == "synthetic" and cfg.clients > 10_000
-    if moved("mu") and cfg.algorithm != "fedprox":
+    _check_sources(cfg, unused, moved)
+    population = cfg.dataset == "synthetic" and cfg.clients > 10_000 and cfg.data is None
+    if moved("mu") and cfg.algorithm != "fedprox" and cfg.algorithm_module is None:
         unused("mu", f"μ is FedProx's proximal weight and {cfg.algorithm} has no proximal term")
-    if cfg.iid and cfg.dataset != "synthetic":
+    if cfg.iid and cfg.dataset != "synthetic" and cfg.data is None:
         unused("iid", f"iid picks Synthetic-IID; {cfg.dataset} is split by partition")
     if cfg.iid and population:
         unused("iid", "populations above 10,000 clients are Synthetic(α, β) windows")
     for f in ("alpha", "beta"):
-        if moved(f) and (cfg.dataset != "synthetic" or cfg.iid):
+        if moved(f) and (cfg.dataset != "synthetic" or cfg.iid) and cfg.data is None:
             unused(f, "α and β shape Synthetic(α, β) only")
-    if moved("partition") and cfg.dataset == "synthetic":
+    natural = cfg.data is None and cfg.dataset in NATURAL
+    user_clients = cfg.data is not None and not cfg.data.startswith("flwr:")
+    if moved("partition") and cfg.dataset == "synthetic" and cfg.data is None:
         unused("partition", "the synthetic data set comes partitioned by device")
-    if moved("partition") and cfg.dataset == "shakespeare":
-        unused("partition", "shakespeare comes partitioned by speaking role")
+    if moved("partition") and (natural or user_clients):
+        unused("partition", f"{cfg.data or cfg.dataset} comes with its own clients")
     for f in ("dirichlet_alpha", "dirichlet_form"):
-        if moved(f) and (
-            cfg.partition != "dirichlet" or cfg.dataset in ("synthetic", "shakespeare")
-        ):
+        synthetic = cfg.dataset == "synthetic" and cfg.data is None
+        if moved(f) and (cfg.partition != "dirichlet" or natural or user_clients or synthetic):
             unused(f, "it shapes the dirichlet partition only")
     if moved("server_momentum") and cfg.algorithm != "fedavgm":
         unused("server_momentum", "server momentum is FedAvgM's")
@@ -265,18 +272,35 @@ def _check_effective(cfg: ExperimentConfig, where: str | None) -> None:
             "0 with one local epoch (FedProx's stragglers do 1..E−1 epochs)",
             hint="raise {local_epochs}",
         )
-    from fl.partition import DIRICHLET_FORMS
-
     if cfg.dirichlet_form not in DIRICHLET_FORMS:
         raise unknown_name("dirichlet_form", cfg.dirichlet_form, DIRICHLET_FORMS, "form")
-    from fl.server import ADAPTIVE_FORMS
-
     if cfg.adaptive_form not in ADAPTIVE_FORMS:
         raise unknown_name("adaptive_form", cfg.adaptive_form, ADAPTIVE_FORMS, "form")
     _check_async_and_clients(cfg, where, unused, moved)
 
 
 PERSONALIZE = ("none", "finetune", "ditto")
+# Data sets whose clients are natural (writers, roles, users): no partition applies.
+NATURAL = ("shakespeare", "femnist", "stackoverflow", "sent140")
+
+
+def _check_sources(cfg: ExperimentConfig, unused, moved) -> None:
+    """The user's data, model and algorithm against the named ones they replace."""
+    if cfg.data is not None:
+        if moved("dataset"):
+            unused("dataset", f"--data {cfg.data} is the data set")
+        if cfg.iid or moved("alpha") or moved("beta"):
+            unused("iid" if cfg.iid else "alpha", "it shapes Synthetic(α, β), not --data")
+    elif moved("data_format"):
+        unused("data_format", "it says how to read --data")
+    if cfg.dataset not in FIELD_DATASETS or cfg.data is not None:
+        for f in ("data_dir", "download"):
+            if moved(f):
+                unused(f, f"it locates the field's data sets ({', '.join(FIELD_DATASETS)})")
+    if cfg.model_module is not None and cfg.model is not None:
+        unused("model", f"--model-module {cfg.model_module} is the model")
+    if cfg.algorithm_module is not None and moved("algorithm"):
+        unused("algorithm", f"--algorithm-module {cfg.algorithm_module} is the algorithm")
 
 
 def _check_async_and_clients(cfg: ExperimentConfig, where: str | None, unused, moved) -> None:

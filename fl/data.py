@@ -12,47 +12,18 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from jaxtyping import Float, Int
 
 from fl import partition as part
+from fl.choices import unknown_name
+from fl.federated_data import FederatedData
 from fl.partition import Population
+from fl.shakespeare import shakespeare
 from simbase.errors import AisimError, bad_value
 
 DATASETS = ("synthetic", "digits", "mnist", "shakespeare")
 SYNTHETIC_FEATURES = 60
 SYNTHETIC_CLASSES = 10
 MAX_CLIENTS = 1_000_000
-
-
-@dataclasses.dataclass(frozen=True)
-class FederatedData:
-    """A training pool split over clients, plus a test set.
-
-    Attributes:
-      name: data set name.
-      x_train: ``[pool *features]`` training features.
-      y_train: ``[pool]`` training labels.
-      population: which pool rows each client holds.
-      x_test: ``[test *features]`` test features.
-      y_test: ``[test]`` test labels.
-      num_classes: number of labels.
-      train_eval_rows: the pool rows the train loss is evaluated on (``None``: all of them).
-      client_names: a name per client where the partition is natural (Shakespeare's roles).
-    """
-
-    name: str
-    x_train: Float[np.ndarray, "pool ..."]
-    y_train: Int[np.ndarray, " pool"]
-    population: Population
-    x_test: Float[np.ndarray, "test ..."]
-    y_test: Int[np.ndarray, " test"]
-    num_classes: int
-    train_eval_rows: Int[np.ndarray, " rows"] | None = None
-    client_names: tuple[str, ...] | None = None
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
 
 
 def _synthetic_devices(
@@ -282,9 +253,5 @@ def load(
     if name == "mnist":
         return mnist(num_clients, partition, dirichlet_alpha, seed, dirichlet_form=dirichlet_form)
     if name == "shakespeare":
-        from fl.shakespeare import shakespeare
-
         return shakespeare(num_clients, seed)
-    from fl.config import unknown_name
-
     raise unknown_name("dataset", name, DATASETS, "data set")

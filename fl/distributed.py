@@ -21,6 +21,10 @@ import sys
 from collections.abc import Mapping
 
 import jax
+import numpy as np
+from jax._src import xla_bridge
+from jax.extend import backend as jax_backend  # not `import jax.…`: `jax` stays a global name
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from simbase.errors import AisimError, bad_value
 
@@ -109,11 +113,7 @@ def initialize(group: ProcessGroup, timeout_s: int = 300, restart_backend: bool 
       AisimError: when JAX has already run something in this process and ``restart_backend`` is
         false, or the coordinator cannot be reached in time.
     """
-    from jax._src import xla_bridge
-
     if restart_backend and xla_bridge.backends_are_initialized():
-        from jax.extend import backend as jax_backend  # not `import jax.…`: `jax` stays global
-
         jax_backend.clear_backends()
     if xla_bridge.backends_are_initialized():
         raise AisimError(
@@ -141,9 +141,6 @@ def initialize(group: ProcessGroup, timeout_s: int = 300, restart_backend: bool 
 
 
 def _all_reduce_ones() -> None:
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     mesh = Mesh(np.array(jax.devices()), ("all",))
     n = len(jax.devices())
     x = jax.make_array_from_callback(
@@ -176,7 +173,6 @@ def replicate(tree, sharding: jax.sharding.Sharding):
     """``tree`` copied onto every device of ``sharding`` (which may span processes): each process
     passes the same values and contributes its own devices' copies. ``jax.device_put`` cannot do
     this for arrays already committed to one local device, such as a jitted ``init``'s output."""
-    import numpy as np
 
     def put(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):

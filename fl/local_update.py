@@ -9,9 +9,10 @@ CRYPTO 2012) evaluated only at the positions of the current batch, so a client's
 offsets are reduced mod ``n`` once per client and round, by :func:`shuffle_table`).
 :func:`client_step` is one optimiser step (:func:`batch_rows`, then :func:`train_step`), a no-op
 once ``step >= task.steps``, so clients with fewer samples or epochs are padded by masks.
-The gradient is corrected by FedProx's proximal term ``μ (w − w_global)`` (Li et al. 2020, eq. 2)
-and SCAFFOLD's ``c − c_i`` (Karimireddy et al. 2020, alg. 1 line 10) before it enters the client's
-optax transformation. :func:`local_update` runs a client's steps with ``lax.scan``; it is the
+The loss is the task's per-sample loss averaged over the batch's valid samples
+(:mod:`fl.tasks`); the gradient passes through the algorithm's ``local_grad`` (FedProx's proximal
+term, SCAFFOLD's ``c − c_i``: :mod:`fl.algorithm`) before it enters the client's optax
+transformation. :func:`local_update` runs a client's steps with ``lax.scan``; it is the
 one-client reference that the vmapped round is tested against.
 """
 
@@ -25,7 +26,8 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int
 
-from fl.models import cross_entropy
+from fl.algorithm import LocalContext
+from fl.tasks import CLASSIFICATION, masked_mean
 
 
 @jax.tree_util.register_dataclass
@@ -75,15 +77,18 @@ class LocalData:
 
 @dataclasses.dataclass(frozen=True)
 class LocalSpec:
-    """Static choices of local training (hashable; closed over by jit)."""
+    """Static choices of local training (hashable; closed over by jit): the model's ``apply``,
+    the client optimiser, the batch, the largest client and the epochs; ``local_grad`` the
+    algorithm's gradient rule (:class:`fl.algorithm.Algorithm`), ``loss`` the task's per-sample
+    loss (:class:`fl.tasks.Task`)."""
 
     apply: Callable
     client_opt: optax.GradientTransformation
     batch_size: int
     max_samples: int
     max_epochs: int
-    proximal: bool = False
-    corrected: bool = False
+    local_grad: Callable | None = None
+    loss: Callable = CLASSIFICATION.loss
 
 
 SHUFFLE_ROUNDS = 16
@@ -214,14 +219,12 @@ def train_step(
     y = data.y_pool.at[rows].get(mode=inb)
 
     def loss_fn(p):
-        return cross_entropy(spec.apply(p, x), y, mask)
+        return masked_mean(spec.loss(spec.apply(p, x), y), mask)
 
     loss, grad = jax.value_and_grad(loss_fn)(state.params)
-    # Static flags skip the unused terms: each is a full pass over every client's parameters.
-    if spec.proximal:
-        grad = jax.tree.map(lambda g, w, w0: g + mu * (w - w0), grad, state.params, global_params)
-    if spec.corrected:
-        grad = jax.tree.map(jnp.add, grad, task.correction)
+    if spec.local_grad is not None:  # None skips a pass over every client's parameters
+        ctx = LocalContext(mu=mu, correction=task.correction, step=step)
+        grad = spec.local_grad(grad, state.params, global_params, ctx)
     updates, opt_state = spec.client_opt.update(grad, state.opt_state, state.params)
     new = ClientState(
         params=optax.apply_updates(state.params, updates),

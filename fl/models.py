@@ -1,6 +1,7 @@
 """flax models for FL: multinomial logistic regression, McMahan's 2NN MLP, small CNN, LEAF's LSTM.
 
-Contract: :func:`make_model` returns a :class:`Model` whose ``apply(params, x)`` maps
+Contract: :func:`make_model` returns a :class:`~fl.modules.Model` (built by
+:func:`~fl.modules.model_from_linen`, as a user's module is) whose ``apply(params, x)`` maps
 ``[batch *features]`` to ``[batch classes]`` logits, with its parameter count, float32 bytes and
 analytical training FLOPs per sample (forward + backward = 3 × forward, the usual 2:1 backward to
 forward ratio; for dense layers this is 6 FLOPs per weight per sample, Kaplan et al. 2020).
@@ -11,9 +12,8 @@ XLA:CPU); ``outer_product_grad=False`` keeps flax's own ``lax.dot_general``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -21,10 +21,34 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float
 
+from fl import zoo
+from fl.choices import unknown_name
+from fl.modules import Model, model_from_linen
+from fl.tasks import CLASSIFICATION, NEXT_TOKEN, masked_mean, softmax_nll
 from simbase.errors import bad_value
 
-MODELS = ("logreg", "mlp", "2nn", "cnn", "lstm")
-DEFAULT_MODEL = {"synthetic": "logreg", "digits": "mlp", "mnist": "2nn", "shakespeare": "lstm"}
+MODELS = (
+    "logreg",
+    "mlp",
+    "2nn",
+    "cnn",
+    "lstm",
+    "simple-cnn",
+    "resnet18-gn",
+    "so-lstm",
+    "text-lstm",
+)
+DEFAULT_MODEL = {
+    "synthetic": "logreg",
+    "digits": "mlp",
+    "mnist": "2nn",
+    "shakespeare": "lstm",
+    "femnist": "cnn",
+    "cifar10": "resnet18-gn",
+    "cifar100": "resnet18-gn",
+    "stackoverflow": "so-lstm",
+    "sent140": "text-lstm",
+}
 
 
 # Up to this many rows (a local batch), a dense layer's kernel gradient is a sum of outer products.
@@ -120,10 +144,11 @@ class CNN(nn.Module):
     num_classes: int
     side: int
     outer_product_grad: bool = True
+    channels: int = 1
 
     @nn.compact
     def __call__(self, x):
-        x = x.reshape((x.shape[0], self.side, self.side, 1))
+        x = x.reshape((x.shape[0], self.side, self.side, self.channels))
         for feat in (32, 64):
             x = nn.relu(nn.Conv(feat, (5, 5), padding="SAME")(x))
             x = nn.max_pool(x, (2, 2), (2, 2), padding="SAME")
@@ -150,47 +175,51 @@ class CharLSTM(nn.Module):
         return _dense(self.num_classes, self.outer_product_grad)(h[:, -1])
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A flax model with its costs.
-
-    Attributes:
-      name: model name.
-      apply: ``(params, x[batch *features]) -> logits[batch classes]``.
-      init: ``(key) -> params``.
-      num_params: number of parameters.
-      param_bytes: float32 bytes of the parameters (what a client downloads and uploads).
-      train_flops_per_sample: FLOPs of one sample's forward and backward pass.
-      activation_floats_per_sample: floats of activations kept for the backward pass.
-    """
-
-    name: str
-    apply: Callable
-    init: Callable
-    num_params: int
-    param_bytes: float
-    train_flops_per_sample: float
-    activation_floats_per_sample: float
+def _image_side(name: str, input_shape) -> tuple[int, int]:
+    """The side and channels of a square image given as ``[h, w, c]`` or flattened pixels."""
+    if len(input_shape) == 3 and input_shape[0] == input_shape[1]:
+        return input_shape[0], input_shape[2]
+    in_dim = math.prod(input_shape)
+    side = math.isqrt(in_dim)
+    if side * side != in_dim:
+        raise bad_value(
+            None, "model", name, f"a model for {in_dim} input features (not a square image)"
+        )
+    return side, 1
 
 
-def _forward_flops(module: nn.Module, params, input_shape) -> float:
-    """Forward FLOPs of one sample from XLA's cost analysis of the lowered ``apply``."""
-    x = jnp.zeros((1, *input_shape), jnp.float32)
-    cost = jax.jit(module.apply).lower(params, x).cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0]
-    return float(cost.get("flops", 0.0))
+ZOO = ("simple-cnn", "resnet18-gn", "so-lstm", "text-lstm")
 
 
-def _lstm_forward_flops(seq_len: int, embed: int, hidden: Sequence[int], classes: int) -> float:
-    """Forward FLOPs of one sequence through :class:`CharLSTM`: per position and layer, the four
-    gates' ``2·4h(in + h)`` multiply-adds plus about ``10h`` elementwise operations; then the
-    output layer on the last position."""
-    flops, width = 0.0, embed
-    for h in hidden:
-        flops += seq_len * (8.0 * h * (width + h) + 10.0 * h)
-        width = h
-    return flops + 2.0 * width * classes
+def _zoo_model(name: str, input_shape, num_classes: int, vocab: int | None) -> Model:
+    """The field's benchmark models (:mod:`fl.zoo`); the LSTMs' FLOPs by formula."""
+    seq = math.prod(input_shape)
+    if name in ("simple-cnn", "resnet18-gn"):
+        if len(input_shape) != 3:
+            raise bad_value(None, "model", name, f"a model for images [h, w, c], not {input_shape}")
+        module = zoo.SimpleCNN(num_classes) if name == "simple-cnn" else zoo.ResNet18GN(num_classes)
+        return model_from_linen(module, input_shape, name=name)
+    if name == "so-lstm":
+        m = zoo.SeqLSTM(num_classes)
+        per_pos = 2.0 * m.hidden * m.embed + 2.0 * m.embed * num_classes
+        flops = zoo.lstm_forward_flops(seq, m.embed, (m.hidden,)) + seq * per_pos
+        acts = seq * (m.embed + 6 * m.hidden + m.embed + num_classes)
+        task = NEXT_TOKEN
+    else:
+        m = zoo.TextLSTM(num_classes, vocab or num_classes)
+        flops = zoo.lstm_forward_flops(seq, m.embed, (m.hidden, m.hidden))
+        flops += 2.0 * m.hidden * num_classes
+        acts = seq * (m.embed + 12 * m.hidden) + num_classes
+        task = CLASSIFICATION
+    return model_from_linen(
+        m,
+        input_shape,
+        name=name,
+        task=task,
+        input_dtype=jnp.int32,
+        flops_per_sample=3.0 * flops,
+        activation_floats_per_sample=float(acts),
+    )
 
 
 def make_model(
@@ -199,6 +228,7 @@ def make_model(
     num_classes: int,
     hidden: Sequence[int] | None = None,
     outer_product_grad: bool = True,
+    vocab: int | None = None,
 ) -> Model:
     """Builds a model by name (one of :data:`MODELS`; ``2nn`` is the MLP with 200-200).
 
@@ -211,6 +241,10 @@ def make_model(
       outer_product_grad: dense layers take :func:`dense_dot_general` (for vmapped cohorts);
         ``False`` gives flax's default ``lax.dot_general``, the faster one for a single client's
         unbatched step (the same parameters and values).
+      vocab: the number of token ids of ``text-lstm``'s input (default ``num_classes``).
+
+    The field's models (``simple-cnn``, ``resnet18-gn``, ``so-lstm``, ``text-lstm``) are those
+    of :mod:`fl.zoo`.
     """
     in_dim = math.prod(input_shape)
     if name == "logreg":
@@ -221,43 +255,24 @@ def make_model(
         module = MLP(num_classes, hid, outer_product_grad)
         acts = in_dim + 2 * sum(hid) + num_classes
     elif name == "cnn":
-        side = math.isqrt(in_dim)
-        if side * side != in_dim:
-            raise bad_value(
-                None, "model", name, f"a model for {in_dim} input features (not a square image)"
-            )
-        module = CNN(num_classes, side, outer_product_grad)
+        side, channels = _image_side(name, input_shape)
+        module = CNN(num_classes, side, outer_product_grad, channels)
         acts = in_dim + 2 * side * side * 32 + side * side * 64 + 512 + num_classes
     elif name == "lstm":
         hid = tuple(hidden) if hidden else (256, 256)
         module = CharLSTM(num_classes, vocab=num_classes, hidden=hid)
         # per position: the embedding, and each layer's 4 gates, cell and output
         acts = in_dim * (module.embed + 6 * sum(hid)) + num_classes
+    elif name in ZOO:
+        return _zoo_model(name, input_shape, num_classes, vocab)
     else:
-        from fl.config import unknown_name
-
         raise unknown_name("model", name, MODELS, "model")
-    x0 = jnp.zeros((1, *input_shape), jnp.float32)
-    init_jit = jax.jit(module.init)
-
-    def init(key):
-        return init_jit(key, x0)
-
-    params = jax.eval_shape(init, jax.random.key(0))
-    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
-
+    flops = None
     if name == "lstm":  # XLA's cost analysis counts a scan's body once, not once per position
-        forward = _lstm_forward_flops(in_dim, module.embed, hid, num_classes)
-    else:
-        forward = _forward_flops(module, params, input_shape)
-    return Model(
-        name=name,
-        apply=module.apply,
-        init=init,
-        num_params=n_params,
-        param_bytes=4.0 * n_params,
-        train_flops_per_sample=3.0 * forward,
-        activation_floats_per_sample=float(acts),
+        forward = zoo.lstm_forward_flops(in_dim, module.embed, hid) + 2.0 * hid[-1] * num_classes
+        flops = 3.0 * forward
+    return model_from_linen(
+        module, input_shape, name=name, flops_per_sample=flops, activation_floats_per_sample=acts
     )
 
 
@@ -265,6 +280,4 @@ def cross_entropy(
     logits: Float[Array, "batch classes"], labels, mask: Float[Array, " batch"]
 ) -> Float[Array, ""]:
     """Mean softmax cross-entropy over the ``mask``-ed samples (0 when none)."""
-    logp = jax.nn.log_softmax(logits)
-    nll = -jnp.take_along_axis(logp, labels[:, None], axis=1)[:, 0]
-    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return masked_mean(softmax_nll(logits, labels), mask)

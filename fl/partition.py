@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import Int
 
+from fl.choices import unknown_name
 from simbase.errors import AisimError, bad_value
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity")
@@ -209,6 +210,4 @@ def partition(
         return shards(labels, num_clients, rng)
     if name == "quantity":
         return quantity(len(labels), num_clients, rng)
-    from fl.config import unknown_name
-
     raise unknown_name("partition", name, PARTITIONS, "partition")

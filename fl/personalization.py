@@ -32,9 +32,11 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from fl import local_update as lu
+from fl.algorithm import proximal_grad
 from fl.data import FederatedData
 from fl.partition import from_lists
 from fl.round import Hyper, RoundInputs, RoundSpec, ServerState, plan_cohort
+from fl.tasks import CLASSIFICATION, Task
 from simbase.errors import bad_value
 
 STAT_COLUMNS = (
@@ -94,14 +96,18 @@ def split_local(ds: FederatedData, fraction: float, seed: int) -> tuple[Federate
     return dataclasses.replace(ds, population=from_lists(train)), tests
 
 
-def client_accuracy(apply, params, tests: LocalTests, k: Int[Array, ""]) -> Float[Array, ""]:
-    """Accuracy of ``params`` on client ``k``'s local test rows (NaN when it has none)."""
+def client_accuracy(
+    apply, params, tests: LocalTests, k: Int[Array, ""], task: Task = CLASSIFICATION
+) -> Float[Array, ""]:
+    """Accuracy of ``params`` on client ``k``'s local test rows (NaN when it has none or the task
+    has no accuracy)."""
     j = jnp.arange(tests.max_size)
     valid = j < tests.sizes[k]
     idx = tests.starts[k] + jnp.where(valid, j, 0)
     idx = jnp.minimum(idx, tests.y.shape[0] - 1)
-    logits = apply(params, tests.x[idx])
-    correct = (jnp.argmax(logits, axis=-1) == tests.y[idx]) & valid
+    if task.correct is None:
+        return jnp.float32(jnp.nan)
+    correct = task.correct(apply(params, tests.x[idx]), tests.y[idx]) * valid
     n = tests.sizes[k]
     return jnp.where(n > 0, jnp.sum(correct) / jnp.maximum(n, 1), jnp.nan)
 
@@ -138,11 +144,13 @@ def _broadcast(tree, c):
     return jax.tree.map(lambda p: jnp.broadcast_to(p, (c, *p.shape)), tree)
 
 
-def make_client_eval(spec: RoundSpec, mode: str, finetune_steps: int, chunk: int):
+def make_client_eval(
+    spec: RoundSpec, mode: str, finetune_steps: int, chunk: int, task: Task = CLASSIFICATION
+):
     """Builds ``evaluate(params, personal, inputs, tests, key) -> [clients]`` accuracies of the
     model each client uses (see module); ``personal`` is a :class:`PersonalState` for ``ditto``
     and ``None`` otherwise. Jit it; clients go ``chunk`` at a time."""
-    local = dataclasses.replace(spec.local, proximal=False, corrected=False)
+    local = dataclasses.replace(spec.local, local_grad=None)
     apply = spec.local.apply
 
     def evaluate(params, personal, inputs: RoundInputs, tests: LocalTests, key):
@@ -174,7 +182,7 @@ def make_client_eval(spec: RoundSpec, mode: str, finetune_steps: int, chunk: int
                 )
             else:
                 use = _broadcast(params, chunk)
-            return jax.vmap(lambda p, k: client_accuracy(apply, p, tests, k))(use, ids)
+            return jax.vmap(lambda p, k: client_accuracy(apply, p, tests, k, task))(use, ids)
 
         return jax.lax.map(one_chunk, all_ids).reshape(-1)[:num_clients]
 
@@ -206,7 +214,7 @@ def make_ditto_step(spec: RoundSpec):
     update of the round that started from ``server_before`` (see module). The cohort is the
     round's own (:func:`fl.round.plan_cohort` is keyed by the round), and each kept client runs
     as many steps as its global update."""
-    local = dataclasses.replace(spec.local, proximal=True, corrected=False)
+    local = dataclasses.replace(spec.local, local_grad=proximal_grad)
 
     def step(personal: PersonalState, server: ServerState, inputs, hyper: Hyper, lam):
         plan = plan_cohort(spec, server, inputs, hyper)

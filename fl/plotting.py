@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from simbase.io import atomic_write_bytes
+
 
 def _save(fig, path: Path) -> None:
-    from simbase.io import atomic_write_bytes
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     atomic_write_bytes(path, buf.getvalue())

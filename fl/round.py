@@ -38,128 +38,34 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
 from fl import aggregation as agg
-from fl import local_update as lu
+from fl.algorithm import AggregateContext
 from fl.cohort import CohortSums, arrange_cohort, train_cohort
 from fl.sampling import multiplicity, sample_available, sample_by_size, sample_uniform
-from fl.server import Algorithm, server_update
-from fl.systems import Systems, client_time_s
+from fl.server import server_update
+from fl.state import CohortPlan, Hyper, RoundInputs, RoundMetrics, RoundSpec, ServerState
+from fl.systems import client_time_s
+from fl.tasks import CLASSIFICATION, Task
 from fl.traces import available_now
 
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ServerState:
-    """Global model, server optimiser state, SCAFFOLD controls, DP clip norm, round counter and
-    simulated clock.
-
-    ``client_controls`` has a leading ``[clients]`` axis (the whole population) or is ``None``;
-    ``clip_norm`` is DP-FedAvg's current clip norm (it moves only with adaptive clipping);
-    ``clock_s`` is the simulated time at which the next round starts (a trace's availability
-    depends on it).
-    """
-
-    params: object
-    opt_state: object
-    control: object
-    client_controls: object
-    clip_norm: Float[Array, ""]
-    round: Int[Array, ""]
-    key: Array
-    clock_s: Float[Array, ""] = 0.0
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RoundInputs:
-    """Device-resident data of a run: pool, population and per-client systems."""
-
-    data: lu.LocalData
-    starts: Int[Array, " clients"]
-    sizes: Int[Array, " clients"]
-    systems: Systems
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Hyper:
-    """Numbers of a run that one might sweep (array leaves)."""
-
-    mu: Float[Array, ""]
-    client_lr: Float[Array, ""]
-    straggler_fraction: Float[Array, ""]
-    deadline_s: Float[Array, ""]
-    clip_norm: Float[Array, ""]
-    noise_multiplier: Float[Array, ""]
-    max_local_steps: Int[Array, ""]
-    clip_quantile: Float[Array, ""] = 0.5
-    clip_lr: Float[Array, ""] = 0.2
-    clip_count_stddev: Float[Array, ""] = 0.0
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RoundMetrics:
-    """What one round did."""
-
-    clients_sampled: Int[Array, ""]
-    clients_kept: Int[Array, ""]
-    round_time_s: Float[Array, ""]
-    bytes_up: Float[Array, ""]
-    bytes_down: Float[Array, ""]
-    local_loss: Float[Array, ""]
-    finite: Array
-    clip_norm: Float[Array, ""]
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundSpec:
-    """Static shape and mode choices of a round."""
-
-    local: lu.LocalSpec
-    algorithm: Algorithm
-    cohort: int
-    chunk: int
-    sampling: str = "uniform"
-    adaptive_clip: bool = False
-    flops_per_sample: float = 0.0
-    param_bytes: float = 0.0
-    mesh: Mesh | None = None
-
-    @property
-    def unit(self) -> int:
-        """Chunk sizes are multiples of this (the number of devices the client axis spans)."""
-        return 1 if self.mesh is None else int(self.mesh.devices.size)
-
-    @property
-    def segments(self) -> tuple[tuple[int, int], ...]:
-        """``(chunk clients, number of chunks)`` groups covering the size-sorted cohort in order:
-        a head of single chunks of ``unit, 4 unit, 16 unit, ...`` (below ``chunk``), then the rest
-        split evenly into chunks of at most ``chunk`` clients (padded to a multiple of ``unit``)."""
-        u, groups, covered, size = self.unit, [], 0, self.unit
-        while size < self.chunk and covered + size < self.cohort:
-            groups.append((size, 1))
-            covered += size
-            size *= 4
-        rest = self.cohort - covered
-        if rest > 0:
-            count = -(-rest // self.chunk)
-            per = -(-rest // count)
-            groups.append((-(-per // u) * u, count))
-        return tuple(groups)
-
-    @property
-    def slots(self) -> int:
-        """Client slots of all chunks (the cohort plus padding)."""
-        return sum(size * count for size, count in self.segments)
-
-    @property
-    def payload_bytes(self) -> float:
-        """Bytes each way per client: the model, plus SCAFFOLD's control variate."""
-        return (2.0 if self.algorithm.scaffold else 1.0) * self.param_bytes
+__all__ = [  # the round's types live in fl.state; they are re-exported here, where rounds are made
+    "CohortPlan",
+    "Hyper",
+    "RoundInputs",
+    "RoundMetrics",
+    "RoundSpec",
+    "ServerState",
+    "init_server_state",
+    "make_evaluate",
+    "make_round",
+    "plan_cohort",
+    "round_metrics",
+    "round_time_s",
+    "sample_cohort",
+    "server_step",
+]
 
 
 def init_server_state(
@@ -182,21 +88,46 @@ def init_server_state(
     )
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class CohortPlan:
-    """Who trains this round and how much (all ``[cohort]``), and the round's time."""
+def sample_cohort(spec: RoundSpec, state: ServerState, inputs: RoundInputs, key) -> tuple:
+    """Step 1: the cohort's ``[cohort]`` client ids and how many draws each slot stands for
+    (0: a slot that is not contacted, a repeated draw or nobody available)."""
+    m, num_clients = spec.cohort, inputs.sizes.shape[0]
+    if inputs.systems.hourly_availability is not None:  # a trace: who is available now
+        key, k_now = jax.random.split(key)
+        now = available_now(k_now, inputs.systems, state.clock_s)
+        ids = sample_available(key, now, m)
+        return ids, now[ids].astype(jnp.int32)
+    if spec.sampling == "uniform":
+        return sample_uniform(key, num_clients, m), jnp.ones((m,), jnp.int32)
+    # FedProx: m i.i.d. draws proportional to n_k, a repeated client trained once
+    ids = sample_by_size(key, inputs.sizes, m)
+    return ids, multiplicity(ids, num_clients)
 
-    ids: Int[Array, " cohort"]
-    n: Int[Array, " cohort"]
-    steps: Int[Array, " cohort"]
-    weight: Float[Array, " cohort"]
-    kept: Array
-    available: Array
-    contacted: Array
-    round_time_s: Float[Array, ""]
-    train_key: Array
-    noise_key: Array
+
+def client_weight(spec: RoundSpec, kept, copies, n) -> Float[Array, " cohort"]:
+    """Each slot's weight in the mean update: DP-FedAvg 1 per kept client (the sum is divided by
+    the cohort), size sampling its draws (the plain average over the ``m`` draws), else ``n_k``."""
+    if spec.algorithm.weighting == "uniform":
+        return kept.astype(jnp.float32)
+    if spec.sampling == "size":
+        return jnp.where(kept, copies.astype(jnp.float32), 0.0)
+    return jnp.where(kept, n.astype(jnp.float32), 0.0)
+
+
+def round_time_s(t, full_t, kept, cut, contacted, hyper: Hyper) -> Float[Array, ""]:
+    """The round's time: the server waits for the slowest kept client (``t``), until the deadline
+    if it cut anyone, and for a client that never answers until the deadline or, without one, its
+    full work's time (``full_t``)."""
+    missing = contacted & ~kept
+    wait_missing = jnp.where(
+        jnp.isfinite(hyper.deadline_s),
+        hyper.deadline_s,
+        jnp.max(jnp.where(missing, full_t, 0.0)),
+    )
+    slowest = jnp.maximum(
+        jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
+    )
+    return jnp.maximum(slowest, jnp.where(jnp.any(missing), wait_missing, 0.0))
 
 
 def plan_cohort(
@@ -206,21 +137,10 @@ def plan_cohort(
     local, alg = spec.local, spec.algorithm
     m = spec.cohort
     bsz, epochs = local.batch_size, local.max_epochs
-    num_clients = inputs.sizes.shape[0]
     key = jax.random.fold_in(state.key, state.round)
     k_s, k_a, k_st, k_e, k_t, k_n = jax.random.split(key, 6)
 
-    if inputs.systems.hourly_availability is not None:  # a trace: who is available now
-        k_s, k_now = jax.random.split(k_s)
-        now = available_now(k_now, inputs.systems, state.clock_s)
-        ids = sample_available(k_s, now, m)
-        copies = now[ids].astype(jnp.int32)
-    elif spec.sampling == "uniform":
-        ids = sample_uniform(k_s, num_clients, m)
-        copies = jnp.ones((m,), jnp.int32)
-    else:  # FedProx: m i.i.d. draws proportional to n_k, a repeated client trained once
-        ids = sample_by_size(k_s, inputs.sizes, m)
-        copies = multiplicity(ids, num_clients)
+    ids, copies = sample_cohort(spec, state, inputs, k_s)
     contacted = copies > 0
     n = inputs.sizes[ids]
     sys_k = jax.tree.map(lambda a: a[ids], inputs.systems)
@@ -266,30 +186,12 @@ def plan_cohort(
         cut = avail & ~straggler & late
         steps = full_steps
     steps = jnp.where(kept, steps, 0)
-    t = times(steps).total_s
-    # The server waits for the slowest kept client, until the deadline if it cut anyone, and for
-    # a client that never answers until the deadline or, without one, its full work's time.
-    missing = contacted & ~kept
-    wait_missing = jnp.where(
-        jnp.isfinite(hyper.deadline_s),
-        hyper.deadline_s,
-        jnp.max(jnp.where(missing, full_t, 0.0)),
-    )
-    round_time = jnp.maximum(
-        jnp.max(jnp.where(kept, t, 0.0)), jnp.where(jnp.any(cut), hyper.deadline_s, 0.0)
-    )
-    round_time = jnp.maximum(round_time, jnp.where(jnp.any(missing), wait_missing, 0.0))
-    if alg.dp:
-        weight = kept.astype(jnp.float32)
-    elif spec.sampling == "size":  # the plain average over the m draws
-        weight = jnp.where(kept, copies.astype(jnp.float32), 0.0)
-    else:
-        weight = jnp.where(kept, n.astype(jnp.float32), 0.0)
+    round_time = round_time_s(times(steps).total_s, full_t, kept, cut, contacted, hyper)
     return CohortPlan(
         ids=ids,
         n=n,
         steps=steps,
-        weight=weight,
+        weight=client_weight(spec, kept, copies, n),
         kept=kept,
         available=avail,
         contacted=contacted,
@@ -323,10 +225,11 @@ def server_step(
             noisy = sums.unclipped + sb * jax.random.normal(k_count, ())
             frac = noisy / spec.cohort
             clip = clip * jnp.exp(-hyper.clip_lr * (frac - hyper.clip_quantile))
-        noised = agg.gaussian_noise(sums.delta, k_delta, z * state.clip_norm)
-        mean_delta = jax.tree.map(lambda s_: s_ / spec.cohort, noised)
+        noise_std = z * state.clip_norm
     else:
-        mean_delta = jax.tree.map(lambda s_: s_ / jnp.maximum(sums.weight, 1e-12), sums.delta)
+        k_delta, noise_std = noise_key, jnp.zeros(())
+    ctx = AggregateContext(cohort=jnp.float32(spec.cohort), noise_std=noise_std, key=k_delta)
+    mean_delta = alg.aggregate(sums.delta, sums.weight, ctx)
     new_params, new_opt = server_update(alg.server_opt, g, state.opt_state, mean_delta)
     new_params = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_params, g)
     new_opt = jax.tree.map(lambda a, b: jnp.where(any_kept, a, b), new_opt, state.opt_state)
@@ -381,28 +284,30 @@ def make_round(spec: RoundSpec):
     return run_round
 
 
-def make_evaluate(apply, batch: int = 2048):
-    """Builds ``evaluate(params, x, y) -> (loss, accuracy)`` over fixed-size padded batches."""
+def make_evaluate(apply, batch: int = 2048, task: Task = CLASSIFICATION):
+    """Builds ``evaluate(params, x, y) -> (loss, accuracy)`` over fixed-size padded batches: the
+    mean of ``task``'s per-sample loss and accuracy (NaN for a task without one)."""
 
-    def evaluate(params, x: Float[Array, "n ..."], y: Int[Array, " n"]):
+    def evaluate(params, x: Float[Array, "n ..."], y: Int[Array, "n ..."]):
         n = x.shape[0]
         nb = -(-n // batch)
         pad = nb * batch - n
         xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(
             nb, batch, *x.shape[1:]
         )
-        yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)]).reshape(nb, batch)
+        yp = jnp.concatenate([y, jnp.zeros((pad, *y.shape[1:]), y.dtype)])
+        yp = yp.reshape(nb, batch, *y.shape[1:])
         mask = (jnp.arange(nb * batch) < n).reshape(nb, batch).astype(jnp.float32)
 
         def one(args):
             xb, yb, mb = args
-            logits = apply(params, xb)
-            logp = jax.nn.log_softmax(logits)
-            nll = -jnp.take_along_axis(logp, yb[:, None], axis=1)[:, 0]
-            correct = (jnp.argmax(logits, axis=1) == yb).astype(jnp.float32)
-            return jnp.sum(nll * mb), jnp.sum(correct * mb)
+            out = apply(params, xb)
+            loss = task.loss(out, yb)
+            correct = task.correct(out, yb) if task.correct is not None else jnp.zeros_like(loss)
+            return jnp.sum(loss * mb), jnp.sum(correct * mb)
 
-        nll, correct = jax.lax.map(one, (xp, yp, mask))
-        return jnp.sum(nll) / n, jnp.sum(correct) / n
+        loss, correct = jax.lax.map(one, (xp, yp, mask))
+        accuracy = jnp.sum(correct) / n if task.correct is not None else jnp.float32(jnp.nan)
+        return jnp.sum(loss) / n, accuracy
 
     return evaluate

@@ -1,21 +1,32 @@
-"""Federated algorithms as data: the server optimiser, the local correction and the policies.
+"""The built-in federated algorithms, written on the extension point of :mod:`fl.algorithm`.
 
-Contract: an :class:`Algorithm` names a server optax transformation, applied to the
-pseudo-gradient ``−mean(Δ)`` (Reddi et al. 2021, "Adaptive Federated Optimization", alg. 2), and
-flags for FedProx's proximal term, SCAFFOLD's control variates and DP-FedAvg's clipping and
-noise. :func:`make_algorithm` builds the named presets; any optax transformation can be passed
-instead. :func:`reddi_adaptive` is FedAdagrad/FedAdam/FedYogi exactly as Reddi et al. write them
-(no bias correction, ``τ`` added to ``√v``); :func:`server_update` is the pure server step.
+Contract: :func:`make_algorithm` builds the named presets as :class:`~fl.algorithm.Algorithm`
+values: a server optax transformation applied to the pseudo-gradient ``−mean(Δ)`` (Reddi et al.
+2021, "Adaptive Federated Optimization", alg. 2) and the client and server functions of
+:mod:`fl.algorithm` (FedProx's proximal gradient, SCAFFOLD's corrected gradient, DP-FedAvg's
+clipped update and noised mean). :func:`reddi_adaptive` is FedAdagrad/FedAdam/FedYogi exactly as
+Reddi et al. write them (no bias correction, ``τ`` added to ``√v``); :func:`server_update` is the
+pure server step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from fl.algorithm import (
+    Algorithm,
+    clipped_difference,
+    control_variate_grad,
+    model_difference,
+    noised_mean,
+    proximal_grad,
+    weighted_mean,
+)
+from fl.choices import unknown_name
 
 ADAPTIVE = ("fedadam", "fedyogi", "fedadagrad")
 ADAPTIVE_FORMS = ("reddi", "optax")
@@ -31,28 +42,6 @@ ALGORITHMS = (
     "dpfedavg",
     "fedbuff",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Algorithm:
-    """A federated algorithm.
-
-    Attributes:
-      name: its name.
-      server_opt: the optax transformation applied to the pseudo-gradient ``−mean(Δ)``.
-      proximal: FedProx: add ``μ (w − w_global)`` to local gradients.
-      scaffold: SCAFFOLD control variates (option II of Karimireddy et al. 2020).
-      dp: DP-FedAvg: clip each update and add Gaussian noise to the sum.
-      straggler_policy: ``drop`` (FedAvg: stragglers are discarded) or ``partial`` (FedProx:
-        their partial work is kept).
-    """
-
-    name: str
-    server_opt: optax.GradientTransformation
-    proximal: bool = False
-    scaffold: bool = False
-    dp: bool = False
-    straggler_policy: str = "drop"
 
 
 class ReddiState(NamedTuple):
@@ -133,16 +122,17 @@ def make_algorithm(
     elif name == "fedadagrad":
         opt = optax.adagrad(lr, initial_accumulator_value=0.0, eps=tau)
     else:
-        from fl.config import unknown_name
-
         raise unknown_name("algorithm", name, ALGORITHMS, "algorithm")
     return Algorithm(
         name=name,
         server_opt=opt,
-        proximal=name == "fedprox",
+        local_grad={"fedprox": proximal_grad, "scaffold": control_variate_grad}.get(name),
+        client_update=clipped_difference if name == "dpfedavg" else model_difference,
+        aggregate=noised_mean if name == "dpfedavg" else weighted_mean,
+        weighting="uniform" if name == "dpfedavg" else "size",
+        straggler_policy="partial" if name == "fedprox" else "drop",
         scaffold=name == "scaffold",
         dp=name == "dpfedavg",
-        straggler_policy="partial" if name == "fedprox" else "drop",
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl.federated_data import FederatedData
 from fl.partition import from_lists
 from simbase.errors import bad_value
 
@@ -70,8 +71,6 @@ def shakespeare(
         role's test windows (evaluating an LSTM on all of them costs more than training).
       max_train_eval: the rows on which the train loss is evaluated, likewise.
     """
-    from fl.data import FederatedData
-
     usable = usable_roles(train_fraction)
     if not 1 <= num_clients <= len(usable):
         raise bad_value(

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from fl.choices import unknown_name
 from perfmodel.step.collectives import p2p_s
 from simbase.errors import AisimError, bad_value
 from simbase.parse import split_list
@@ -68,8 +69,6 @@ def load_profile(name: str) -> DeviceProfile:
     """
     names = profile_names()
     if name not in names:
-        from fl.config import unknown_name
-
         raise unknown_name("devices", name, names, "device preset")
     where = f"fl/profiles/{name}.json"
     raw = json.loads((resources.files("fl") / "profiles" / f"{name}.json").read_text())

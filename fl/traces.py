@@ -33,6 +33,7 @@ from jaxtyping import Array, Float
 
 from fl.systems import Systems, load_profile
 from simbase.errors import AisimError, bad_value
+from simbase.io import write_table
 
 SECONDS_PER_HOUR = 3600.0
 HOURS = 24
@@ -193,3 +194,20 @@ def generate_trace(num_clients: int, seed: int = 0) -> pd.DataFrame:
         }
     )
     return pd.concat([out, pd.DataFrame(p, columns=list(HOUR_COLUMNS))], axis=1)
+
+
+def write_trace(num_clients: int, seed: int, path: str | Path) -> dict:
+    """Writes :func:`generate_trace`'s trace to ``path`` atomically; returns what a person reads
+    of it: the expected share available by UTC hour (lowest and highest, and their hours) and the
+    median speed factor."""
+    t = generate_trace(num_clients, seed)
+    write_table(t, Path(path))
+    hourly = t[list(HOUR_COLUMNS)].to_numpy().mean(axis=0)
+    return {
+        "clients": num_clients,
+        "available_min": float(hourly.min()),
+        "available_min_hour": int(hourly.argmin()),
+        "available_max": float(hourly.max()),
+        "available_max_hour": int(hourly.argmax()),
+        "speed_factor_median": float(t["speed_factor"].median()),
+    }

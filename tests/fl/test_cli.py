@@ -116,7 +116,10 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--dataset", "cifar"], "'--dataset' = 'cifar': expected one of digits, mnist"),
+        (
+            ["--dataset", "cifar"],
+            "'--dataset' = 'cifar': expected a known data set; did you mean cifar10, cifar100?",
+        ),
         (["--clients", "10", "--clients-per-round", "11"], "clients-per-round"),
         (["--lr", "-0.1"], "lr"),
         (["--algorithm", "fedsgdd"], "algorithm"),
@@ -146,6 +149,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1 and "local_epoch" in lines[0] and "local-epochs" in lines[0]
 
 
+@pytest.mark.slow
 def test_fedbuff_trace_and_client_eval_from_toml_and_flags(tmp_path):
     trace = tmp_path / "trace.csv"
     res = runner.invoke(app, ["fl", "trace", "--clients", "20", "--seed", "2", "--out", str(trace)])

@@ -51,6 +51,7 @@ def test_size_sampling_gives_each_client_its_data_share():
     assert np.any(np.asarray(p.contacted).sum(axis=1) < 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("f, stragglers", [(0.5, 5), (0.25, 2), (0.35, 4), (0.9, 9)])
 def test_stragglers_are_a_fixed_number_doing_1_to_e_minus_1_epochs(f, stragglers):
     # FedProx's flearn/trainers/fedprox.py: round(m (1 - f)) active (numpy rounds half to even:
@@ -66,6 +67,7 @@ def test_stragglers_are_a_fixed_number_doing_1_to_e_minus_1_epochs(f, stragglers
     assert set(np.unique(epochs[epochs < e]).tolist()) == set(range(1, e))
 
 
+@pytest.mark.slow
 def test_a_round_nobody_answers_costs_the_timeout_or_the_deadline():
     b = build(ExperimentConfig(**FEDPROX))
     silent = dataclasses.replace(
@@ -198,6 +200,7 @@ def test_settings_without_effect_are_errors(change, field):
     assert e.value.field == field and e.value.usage
 
 
+@pytest.mark.slow
 def test_dp_adaptive_clip_resumes_bit_exactly(tmp_path):
     cfg = ExperimentConfig(
         **dict(FEDPROX, rounds=5, checkpoint_every=2),

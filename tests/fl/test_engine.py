@@ -22,7 +22,7 @@ def _loop_round(b, state):
     plan = jax.jit(lambda s: rnd.plan_cohort(b.spec, s, b.inputs, b.hyper))(state)
     g = state.params
     total, wsum = jax.tree.map(jnp.zeros_like, g), 0.0
-    mu = b.hyper.mu if b.spec.algorithm.proximal else jnp.zeros(())
+    mu = b.hyper.mu
     upd = jax.jit(lu.local_update, static_argnums=(0, 5))
     for i in range(b.spec.cohort):
         cid = int(plan.ids[i])
@@ -112,6 +112,7 @@ def test_memory_budget_sets_chunk(build_factory):
     assert big.spec.chunk == 5 and 1 <= tiny.spec.chunk < 5
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
     a = simulate(cfg_factory(rounds=3, seed=1)).metrics
     b = simulate(cfg_factory(rounds=3, seed=1)).metrics
@@ -120,6 +121,7 @@ def test_same_seed_same_metrics_other_seed_differs(cfg_factory):
     assert not a["train_loss"].equals(c["train_loss"])
 
 
+@pytest.mark.slow
 def test_fedavg_drops_stragglers_fedprox_keeps_them(cfg_factory):
     avg = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedavg")).metrics
     prox = simulate(cfg_factory(rounds=4, stragglers=0.9, algorithm="fedprox", mu=1.0)).metrics
@@ -200,6 +202,7 @@ def test_size_proportional_sampling_runs(cfg_factory):
     assert m["clients_sampled"].between(1, 8).all() and (m["clients_kept"] >= 1).all()
 
 
+@pytest.mark.slow
 def test_divergence_stops_and_keeps_rows(tmp_path, cfg_factory):
     cfg = cfg_factory(rounds=30, lr=1e36, dataset="synthetic", clients=30, partition="iid")
     r = simulate(cfg, tmp_path)
@@ -220,7 +223,7 @@ def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(tmp_path, c
     # An older aisim's checkpoint has fewer state arrays (e.g. before the simulated clock).
     from flax import serialization
 
-    from fl.simulation import CHECKPOINT
+    from fl.run_folder import CHECKPOINT
     from simbase.errors import AisimError
 
     cfg = cfg_factory(rounds=3, checkpoint_every=1)

@@ -105,6 +105,7 @@ def _close(a, b, **kw):
         np.testing.assert_allclose(x, y, **kw)
 
 
+@pytest.mark.slow
 def test_fedbuff_equals_python_event_loop(build_factory):
     b = build_factory(**LOOP_CASE)
     state, arrived = b.init_state, []

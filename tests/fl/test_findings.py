@@ -43,6 +43,7 @@ def test_fedprox_stragglers_synthetic_1_1():
     assert prox.metrics["clients_kept"].mean() > 3 * avg.metrics["clients_kept"].mean()
 
 
+@pytest.mark.slow
 def test_fedprox_mu_slows_iid():
     base = dict(FEDPROX, rounds=10, iid=True, algorithm="fedprox")
     mu0 = simulate(ExperimentConfig(**base, mu=0.0)).metrics["train_loss"].to_numpy()

@@ -8,6 +8,7 @@ import pytest
 from fl import local_update as lu
 from fl import personalization as per
 from fl import round as rnd
+from fl.algorithm import proximal_grad
 from fl.data import digits
 
 CASE = dict(
@@ -95,7 +96,9 @@ def test_ditto_vmap_equals_loop_over_two_rounds(build_factory):
     spec = b.spec
     step = jax.jit(per.make_ditto_step(spec))
     personal = per.init_personal(b.init_state.params, 12, 1e9, b.model.param_bytes)
-    local = lu.LocalSpec(b.model.apply, spec.local.client_opt, 10, spec.local.max_samples, 2, True)
+    local = lu.LocalSpec(
+        b.model.apply, spec.local.client_opt, 10, spec.local.max_samples, 2, proximal_grad
+    )
     ref = {}  # client -> personal params
     state = b.init_state
     plan_of = jax.jit(lambda s: rnd.plan_cohort(spec, s, b.inputs, b.hyper))

@@ -76,6 +76,7 @@ ASYNC = dict(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fedbuff_dispatches_only_available_clients(tmp_path, build_factory):
     hours = ["0-24"] * 10 + [""] * 30
     path = _write(tmp_path, {"client_id": range(40), "available_hours": hours})
