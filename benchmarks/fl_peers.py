@@ -73,8 +73,8 @@ SYNTHETIC = ExperimentConfig(
     devices="server",
 )
 TASKS = {  # name: (config, rounds, quick rounds)
-    "digits MLP 64-200-200-10, Dirichlet(0.5), 100 of 100 clients": (DIGITS, 300, 30),
-    "synthetic(1,1) logreg, 1,000 of 1,000 clients": (SYNTHETIC, 10, 3),
+    "digits MLP 64-200-200-10, Dirichlet(0.5), 100 of 100 clients": (DIGITS, 300, 4),
+    "synthetic(1,1) logreg, 1,000 of 1,000 clients": (SYNTHETIC, 10, 2),
 }
 FLOWER_SCRIPT = Path(__file__).with_name("fl_peers_flower.py")
 PFL_SCRIPT = Path(__file__).with_name("fl_peers_pfl.py")
@@ -349,7 +349,7 @@ def peer_pythons(args) -> dict[str, str]:
 def _args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every task")
-    ap.add_argument("--quick", action="store_true", help="fewer rounds (30 and 3)")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds (4 and 2: a smoke test)")
     for name, env in (("flower", "AISIM_FLOWER_PYTHON"), ("pfl", "AISIM_PFL_PYTHON")):
         ap.add_argument(
             f"--{name}-python",
