@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aisim.app import CACHE_ENV, compilation_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,7 @@ def test_where_the_cache_goes(tmp_path):
     assert compilation_cache_dir({CACHE_ENV: str(blocker / "sub")}) is None
 
 
+@pytest.mark.slow
 def test_second_command_loads_the_first_ones_programs(tmp_path):
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}

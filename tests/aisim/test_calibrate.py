@@ -68,6 +68,7 @@ def test_fit_json_profile_is_deterministic_and_usable(tmp_path):
     assert (pred["error_pct"] - pd.Series(fitted)).abs().max() < 0.01
 
 
+@pytest.mark.slow
 def test_colossal_seed_single_row_then_predict_fills_the_rest(tmp_path):
     seed = str(SHIPPED / "seed_distir_vs_colossal.csv")
     prof = tmp_path / "v100.json"

@@ -231,6 +231,7 @@ def test_a_site_takes_perf_estimates_memory_knobs_and_a_stack():
     assert _json(*setting)["rows"][0]["round_s"] == pytest.approx(row["round_s"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_stacks_constants_and_serialisation_reach_the_sites():
     common = ["--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "64"]
     perf = _json(

@@ -102,6 +102,7 @@ def test_grid_rank_by_bad_value():
     assert r.exit_code == 2 and "--rank-by" in r.output and "energy" in r.output
 
 
+@pytest.mark.slow
 def test_grid_tokens_json_and_text():
     r = run("perf", "grid", *SMALL, "--tokens", "300B", "--rank-by", "cost", "--top", "2", "--json")
     assert r.exit_code == 0, r.output
@@ -113,6 +114,7 @@ def test_grid_tokens_json_and_text():
     assert r.exit_code == 0 and "best strategy to train 300B tokens" in r.output
 
 
+@pytest.mark.slow
 def test_compare_side_by_side(tmp_path):
     png = tmp_path / "cmp.png"
     r = run(

@@ -14,6 +14,7 @@ from aisim.app import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_cli_json_keys_and_text():
     args = ("perf", "sensitivity", "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256")
     r = runner.invoke(app, [*args, "--tp", "4", "--pp", "4", "--json"])
@@ -82,6 +83,7 @@ def test_grid_best_sensitivity_equals_the_sensitivity_command_best():
     assert r.exit_code == 0 and "best strategy: this run is bound by" in r.output
 
 
+@pytest.mark.slow
 def test_best_keeps_every_knob_the_user_passed():
     """``--best`` searches only what the user left open: the knobs given, stack behaviours
     included, restrict the grid whose best is studied."""
@@ -101,6 +103,7 @@ def test_best_keeps_every_knob_the_user_passed():
     assert one["elasticities"] == pytest.approx(doc["elasticities"], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_grid_sensitivity_studies_the_best_under_its_stack():
     """``perf grid --sensitivity`` re-evaluates the best row with its whole strategy, the stack
     behaviours the grid crossed included."""

@@ -232,6 +232,7 @@ def _refusal(command: str, knob) -> list[str]:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.slow
 def test_a_knob_given_twice_is_refused(command):
     """A knob given by its option and again with ``--set`` is one line naming ``--set``, before
     any work is done."""
@@ -396,6 +397,7 @@ def test_a_stack_compiles_only_its_own_behaviours():
     ],
     ids=["dense-bf16", "dense-cp-eager", "moe-fp8"],
 )
+@pytest.mark.slow
 def test_a_specialised_program_gives_the_general_programs_numbers(model, knobs):
     """The program compiled for what a strategy uses equals the one compiled for everything
     (every scope) on the same strategy."""

@@ -90,6 +90,7 @@ def test_recovers_constants_from_noisy_synthetic_measurements():
     assert r.in_sample_mape_pct < 1.0
 
 
+@pytest.mark.slow
 def test_korthikanti_table5_within_calculon_bounds():
     df = load_measurements(DATA / "korthikanti2022_table5_iteration_time.csv", purpose="fit")
     rows = resolve_rows(df)

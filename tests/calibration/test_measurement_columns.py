@@ -106,6 +106,7 @@ def test_moe_model_columns_describe_a_custom_model(tmp_path):
     assert float(row_strategy(rc).layout.ep) == 8
 
 
+@pytest.mark.slow
 def test_shipped_public_runs_map_like_their_loader():
     """The research table read through the general measurement schema gives each row the
     parallel layout and dtype that calibration.public_runs reads for it."""

@@ -25,6 +25,7 @@ from simbase.errors import AisimError
 KORT = data_path("korthikanti2022_table5_iteration_time.csv")
 
 
+@pytest.mark.slow
 def test_fit_measurements_is_the_fit_of_its_rows():
     df = load_measurements(KORT, purpose="fit")
     run = fit_measurements(df, seed=0, cross_validate=False)

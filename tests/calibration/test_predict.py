@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from calibration.measurements import normalise_measurements
 from calibration.predict import predict_table
@@ -14,6 +15,7 @@ def _rows(recs):
     return df, resolve_rows(df)
 
 
+@pytest.mark.slow
 def test_full_rows_equal_step_time_and_blank_micro_batch_is_searched():
     recs = [
         dict(

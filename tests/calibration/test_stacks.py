@@ -29,6 +29,7 @@ def megatron_readme(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_constants_that_made_the_times(megatron_readme, monkeypatch):
     """Step times made by the model itself at known constants are fitted back to them by the
     Gauss-Newton solve from the preset's values; its weak prior only pulls a little towards

@@ -24,6 +24,7 @@ def validation():
     return validate_crosssite()
 
 
+@pytest.mark.slow
 def test_the_fit_reproduces_its_run_and_the_uncalibrated_prediction_is_not_the_fit(validation):
     t = validation.table.set_index("run")
     assert t.loc["intellect1-global", "fitted_error_pp"] == pytest.approx(0.0, abs=0.05)

@@ -15,6 +15,8 @@ from collab.fit import fit_collab, load_collab_table
 from perfmodel import load_hardware
 from simbase.errors import AisimError
 
+pytestmark = pytest.mark.slow  # module fixtures fit calibrations
+
 SEED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "seed_collab_mlp_2clients.csv"
 A100 = load_hardware("a100-80gb")
 CPU = load_hardware("cpu-host")

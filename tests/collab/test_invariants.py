@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def _round(size, sites, setup):
 
 @SETTINGS
 @given(SIZES, RATES, RATES, STEPS, st.sampled_from(range(len(SETUPS))))
+@pytest.mark.slow
 def test_shares_add_up_to_100(size, up, down, steps, k):
     tl = _round(size, _sites(up, down, steps), SETUPS[k])
     shares = np.asarray(collab.source_shares(tl))

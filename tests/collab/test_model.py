@@ -27,6 +27,7 @@ def _sites(**kw):
     return collab.stack([a, b])
 
 
+@pytest.mark.slow
 def test_server_round_matches_hand_computation():
     m = mlp_from_params("20M").spec
     sites, agg = _sites(), collab.make_aggregator(CPU, time_factor=3.0)

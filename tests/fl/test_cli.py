@@ -65,6 +65,7 @@ def test_run_writes_metrics_summary_plot_and_json(tmp_path):
     assert (out / "accuracy.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_config_toml_and_command_line_override(tmp_path):
     cfg = tmp_path / "exp.toml"
     cfg.write_text(
@@ -77,6 +78,7 @@ def test_config_toml_and_command_line_override(tmp_path):
     assert s["rounds"] == 3 and s["algorithm"] == "fedavgm" and s["clients"] == 20
 
 
+@pytest.mark.slow
 def test_resume_continues_to_the_same_metrics(tmp_path):
     args = [*SMALL, "--rounds", "5", "--checkpoint-every", "2", "--stragglers", "0.4"]
     assert runner.invoke(app, [*args, "--out", str(tmp_path / "a")]).exit_code == 0

@@ -31,6 +31,7 @@ def _plans(b, rounds, hyper=None, inputs=None):
     return jax.jit(jax.vmap(plan))(jnp.arange(rounds, dtype=jnp.int32))
 
 
+@pytest.mark.slow
 def test_size_sampling_gives_each_client_its_data_share():
     # A client's effective weight is its share of the round's aggregation weight, averaged over
     # rounds; FedProx's scheme (with replacement, plain average) makes it n_k / Σ n exactly.
@@ -86,6 +87,7 @@ def test_a_round_nobody_answers_costs_the_timeout_or_the_deadline():
         np.testing.assert_array_equal(a, c)
 
 
+@pytest.mark.slow
 def test_dropped_stragglers_hold_the_server_until_their_timeout():
     b = build(ExperimentConfig(**FEDPROX, stragglers=0.5, local_epochs=3))
     p = _plans(b, 20)
@@ -93,6 +95,7 @@ def test_dropped_stragglers_hold_the_server_until_their_timeout():
     np.testing.assert_allclose(p.round_time_s, free.round_time_s, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_epsilon_every_round_and_adaptive_clip_by_hand(tmp_path):
     # Adaptive clipping with negligible count noise: every update is below C = 1000, so the
     # unclipped fraction is 1 and C_r = 1000 exp(-η (1 - γ) r) (Andrew et al. 2021, alg. 1).

@@ -199,6 +199,7 @@ def test_flower_partitions_become_clients():
         from_flwr(FakePartitioner(parts), x_key="image")
 
 
+@pytest.mark.slow
 def test_field_models_have_their_published_sizes():
     # Reddi et al. 2021, table 6 (appendix): EMNIST CNN 1,690,046; Stack Overflow NWP 4,050,748
     assert make_model("cnn", (28, 28), 62).num_params == 1_690_046

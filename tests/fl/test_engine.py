@@ -130,6 +130,7 @@ def test_fedavg_drops_stragglers_fedprox_keeps_them(cfg_factory):
     assert (avg["bytes_up"] < avg["bytes_down"]).any()
 
 
+@pytest.mark.slow
 def test_deadline_cuts_clients_and_bounds_round_time(build_factory):
     def plan(alg, deadline_s):
         b = build_factory(algorithm=alg, local_epochs=5)
@@ -196,6 +197,7 @@ def test_every_algorithm_learns(alg, cfg_factory):
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
 
 
+@pytest.mark.slow
 def test_size_proportional_sampling_runs(cfg_factory):
     # 8 draws with replacement: a client drawn twice is contacted (and counted) once
     m = simulate(cfg_factory(rounds=2, sampling="size", partition="quantity")).metrics
@@ -211,6 +213,7 @@ def test_divergence_stops_and_keeps_rows(tmp_path, cfg_factory):
     assert (tmp_path / "metrics.csv").exists()
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path, cfg_factory):
     cfg = cfg_factory(rounds=5, checkpoint_every=2, stragglers=0.5, algorithm="fedprox", mu=0.1)
     full = simulate(cfg, tmp_path / "a").metrics
@@ -219,6 +222,7 @@ def test_resume_equals_uninterrupted(tmp_path, cfg_factory):
     assert full.equals(resumed)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(tmp_path, cfg_factory):
     # An older aisim's checkpoint has fewer state arrays (e.g. before the simulated clock).
     from flax import serialization
@@ -237,6 +241,7 @@ def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(tmp_path, c
         simulate(cfg, tmp_path, resume=True)
 
 
+@pytest.mark.slow
 def test_works_under_rank_promotion_raise(build_factory):
     assert jax.config.jax_numpy_rank_promotion == "raise"
     b = build_factory(algorithm="scaffold")

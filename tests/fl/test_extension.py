@@ -78,6 +78,7 @@ def builtin(cfg):
     return _metrics(cfg)
 
 
+@pytest.mark.slow
 def test_user_module_gives_the_builtin_metrics_bit_for_bit(cfg, builtin):
     ds = fl.digits(20, "dirichlet", seed=0)
     model = fl.model_from_linen(UserMLP(10), ds.input_shape, name="user-mlp")
@@ -85,6 +86,7 @@ def test_user_module_gives_the_builtin_metrics_bit_for_bit(cfg, builtin):
     pd.testing.assert_frame_equal(_metrics(cfg, model=model), builtin, check_exact=True)
 
 
+@pytest.mark.slow
 def test_user_fedavg_gives_the_builtin_metrics_bit_for_bit(cfg, builtin):
     pd.testing.assert_frame_equal(_metrics(cfg, algorithm=user_fedavg()), builtin, check_exact=True)
 
@@ -148,6 +150,7 @@ class NNXLinear(nnx.Module):
         return self.linear(x.reshape((x.shape[0], -1)))
 
 
+@pytest.mark.slow
 def test_nnx_module_and_regression_task(cfg):
     """An NNX model on the user's regression data: the loss falls, accuracy is NaN."""
     rng = np.random.default_rng(0)

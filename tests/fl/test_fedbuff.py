@@ -164,6 +164,7 @@ def test_staleness_weight_is_the_papers():
     np.testing.assert_allclose(w, [1.0, 2**-0.5, 3**-0.5, 0.5], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_fedbuff_run_reports_time_to_target(cfg_factory):
     cfg = cfg_factory(**LOOP_CASE, rounds=6, target_accuracy=0.2)  # the loop case's compile
     res = simulate(cfg)
@@ -193,6 +194,7 @@ def test_fedbuff_settings_without_effect_are_errors(change, field, cfg_factory):
     assert e.value.field == field
 
 
+@pytest.mark.slow
 def test_fedbuff_resumes_to_the_same_metrics(cfg_factory, tmp_path):
     cfg = cfg_factory(**LOOP_CASE, rounds=5, checkpoint_every=2)
     full = simulate(cfg, tmp_path / "a").metrics

@@ -45,6 +45,7 @@ def test_vmapped_kernel_gradient_equals_per_client_loop():
 
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn"])
+@pytest.mark.slow
 def test_models_train_like_plain_flax_dense(name):
     # outer_product_grad=False is flax's own Dense: the same parameters, loss and gradient.
     fast = make_model(name, (16,), 10, hidden=(16, 16))

@@ -72,6 +72,7 @@ def test_client_stats_by_hand():
     assert st["client_acc_p50"] == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_finetune_vmap_equals_loop_and_zero_steps_is_global(build_factory):
     b = build_factory(**CASE, personalize="finetune", finetune_steps=3)
     g = b.init_state.params
@@ -90,6 +91,7 @@ def test_finetune_vmap_equals_loop_and_zero_steps_is_global(build_factory):
     assert not np.allclose(got, z)  # fine-tuning moved the models
 
 
+@pytest.mark.slow
 def test_ditto_vmap_equals_loop_over_two_rounds(build_factory):
     lam = 0.5
     b = build_factory(**{**CASE, "local_epochs": 2}, personalize="ditto", ditto_lambda=lam)

@@ -78,6 +78,7 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_folder_another_process_holds(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -136,6 +136,7 @@ def _tiny(model_hidden=(32,)):
     return ds, model, majority
 
 
+@pytest.mark.slow
 def test_tiny_lstm_learns_above_the_majority_character():
     """Fast twin of the federated test: one client's SGD on the pooled windows."""
     ds, model, majority = _tiny()

@@ -62,6 +62,7 @@ def test_rounds_sample_only_clients_available_at_their_start(tmp_path, build_fac
             assert len(ids) == 10 and set(ids.tolist()) <= set(allowed)
 
 
+@pytest.mark.slow
 def test_a_cohort_larger_than_the_available_clients_shrinks(tmp_path, build_factory):
     hours = ["0-24"] * 6 + [""] * 34  # only 6 clients are ever available
     path = _write(tmp_path, {"client_id": range(40), "available_hours": hours})
@@ -88,6 +89,7 @@ def test_fedbuff_dispatches_only_available_clients(tmp_path, build_factory):
         assert set(np.asarray(state.ids).tolist()) <= set(range(10))
 
 
+@pytest.mark.slow
 def test_fedbuff_waits_for_the_first_available_hour(tmp_path, build_factory):
     # nobody is available before 02:00 UTC: the first dispatches wait two hours
     path = _write(tmp_path, {"client_id": range(40), "available_hours": ["2-6"] * 40})

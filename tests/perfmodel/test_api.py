@@ -225,6 +225,7 @@ def test_search_rank_by_error_is_data():
     assert (e.value.field, e.value.value) == ("rank_by", "speed")
 
 
+@pytest.mark.slow
 def test_a_stack_by_name_is_the_stack_with_its_constants_in_the_library_and_the_cli():
     """``estimate(stack="torchtitan")`` and ``sweep(stack=...)`` are what ``--stack torchtitan``
     gives: the preset's behaviours, recipe defaults and constants fitted on the hardware."""

@@ -27,6 +27,8 @@ from perfmodel.plan.uncertainty import (
 )
 from simbase.errors import AisimError
 
+pytestmark = pytest.mark.slow  # module fixtures fit calibrations
+
 runner = CliRunner()
 ENTRIES = (
     "matmul_efficiency_max",

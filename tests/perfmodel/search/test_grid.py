@@ -213,6 +213,7 @@ np.savez(sys.argv[1], n=len(g), step=np.asarray(out.step_time_s), mem=np.asarray
 """
 
 
+@pytest.mark.slow
 def test_sharded_over_four_devices_equals_unsharded(tmp_path):
     env = dict(
         os.environ,
@@ -304,6 +305,7 @@ def test_nothing_fits_says_why():
     assert smallest["memory_per_device_bytes"] == np.asarray(full.memory_per_device_bytes)[z3].min()
 
 
+@pytest.mark.slow
 def test_a_grid_of_several_stacks_reduces_as_one():
     """Each stack is searched in its own program; the merged result is what one search over
     all the rows would give: the best rows, the counts and the smallest (ZeRO-3) footprint."""
@@ -354,6 +356,7 @@ def test_fast_compile_options_only_for_small_cpu_grids():
     assert ev.compile_options(1000, "gpu") is None and ev.compile_options(1, "tpu") is None
 
 
+@pytest.mark.slow
 def test_fast_compile_equals_default_compile():
     # the same grid through both compiled programs (one per stack): only float32 rounding may
     # differ

@@ -218,6 +218,7 @@ def _evaluate_by_stack(model, g):
 
 
 @pytest.mark.parametrize("model", [MOE, DENSE], ids=["moe", "dense"])
+@pytest.mark.slow
 def test_grid_equals_each_strategy_alone(model):
     g = _grid(model, cp=[1, 2], ep=None if model is MOE else [1], shard_size=[0, 2],
               zero=[1, 3], moe_imbalance=[1.0, 1.25], tp_overlap=[False, True])  # fmt: skip

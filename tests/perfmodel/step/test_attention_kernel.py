@@ -102,6 +102,7 @@ def test_fa2_slows_only_the_attention_more_at_longer_sequences():
     assert _t(m, H100.spec, _s(**unfused)) == _t(m, H100.spec, _s(attention_kernel=1, **unfused))
 
 
+@pytest.mark.slow
 def test_grid_equals_one_by_one_for_the_attention_kernel_and_eager():
     """Each (eager, kernel) pair is a stack of its own: its grid of layouts, evaluated in one
     program, equals each strategy evaluated alone."""

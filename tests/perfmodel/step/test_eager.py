@@ -92,6 +92,7 @@ def test_eager_off_is_the_default_and_changes_nothing_bit_for_bit():
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(x == y), a, b))
 
 
+@pytest.mark.slow
 def test_torchtitan_eager_twins_are_read_and_separate_as_measured():
     # torchtitan's 2024-12 Llama 3 8B tables: FSDP eager vs FSDP + torch.compile on 8 and on
     # 128 H100s (published_runs.csv rows 51/52 and 54/55): 5762 vs 6667 and 5605 vs 6514 tokens/s

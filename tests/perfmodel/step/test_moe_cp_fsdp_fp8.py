@@ -315,6 +315,7 @@ def test_invalid_moe_and_cp_layouts_are_masked_with_finite_numbers():
     assert not bool(STEP(_m(seq_len=1000), H100.spec, H100.constants, make_strategy(cp=16)).valid)
 
 
+@pytest.mark.slow
 def test_grid_of_new_knobs_equals_one_by_one():
     """Each layout of the new degrees under each stack of the new behaviours: one grid per
     stack (its program compiled for CP and FP8) equals each strategy alone (compiled for what

@@ -64,6 +64,7 @@ def _zero3_175b(bucket):
     return s, STEP(load_model("gpt3-175b").spec, A100.spec, A100.constants, s)
 
 
+@pytest.mark.slow
 def test_flat_zero3_over_192_nodes_is_latency_bound():
     m = load_model("gpt3-175b").spec
     per_layer, a = _zero3_175b(0.0)

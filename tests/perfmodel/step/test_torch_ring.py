@@ -129,6 +129,7 @@ def test_ring_merges_add_time_but_no_flop_or_memory(recompute, tp):
     assert float(ring.memory_per_device_bytes) == float(p2p.memory_per_device_bytes)
 
 
+@pytest.mark.slow
 def test_grid_with_pytorchs_ring_equals_one_by_one():
     """Each exchange (and PyTorch's ring eager) is a stack: its grid of layouts, one program,
     equals each strategy alone."""
@@ -166,6 +167,7 @@ def test_grid_with_pytorchs_ring_equals_one_by_one():
     assert merges(True) > merges(False) > 0.0
 
 
+@pytest.mark.slow
 def test_loader_gives_torchtitans_context_parallel_rows_pytorchs_ring():
     runs, _ = load_published_runs(MAIN_CSV)
     cp_runs = [r for r in runs if float(r.strategy.layout.cp) > 1]
