@@ -300,9 +300,8 @@ def test_missing_file_is_a_domain_error(tmp_path):
 
 
 def test_real_preset_lists_accept_the_shipped_files():
-    """Once perfmodel's preset lists exist, the shipped files load against them."""
-    if meas._preset_names("model") is None:
-        pytest.skip("perfmodel.specs.model.model_names is not available yet")
+    """The shipped files load against perfmodel's preset lists."""
+    assert meas._preset_names("model") is not None
     load_measurements(data_path("korthikanti2022_table5_iteration_time.csv"))
     load_measurements(data_path("seed_distir_simulation.csv"))
     load_measurements(data_path("colossalai_readme_benchmark.csv"), skip_bad_rows=True)
