@@ -16,10 +16,13 @@ conversion. With adaptive clipping the same ``z`` holds for the pair (count, sum
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
-from dp_accounting.rdp import RdpAccountant, compute_epsilon
+
+if TYPE_CHECKING:  # dp-accounting pulls in scipy.signal (about a second): imported where used
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
 
 ACCOUNTANT = "dp-accounting RdpAccountant (RDP, replace-one neighbours)"
 SAMPLING_BOUND = (
@@ -31,6 +34,8 @@ SAMPLING_BOUND = (
 
 def round_event(num_clients: int, cohort: int, noise_multiplier: float) -> dp_accounting.DpEvent:
     """The dp-accounting event of one DP-FedAvg round (see module)."""
+    import dp_accounting
+
     return dp_accounting.SampledWithoutReplacementDpEvent(
         source_dataset_size=num_clients,
         sample_size=cohort,
@@ -40,6 +45,9 @@ def round_event(num_clients: int, cohort: int, noise_multiplier: float) -> dp_ac
 
 def new_accountant() -> RdpAccountant:
     """An empty accountant of the kind :func:`epsilon` uses."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
 
 
@@ -73,6 +81,8 @@ def epsilon(
         return PrivacyReport(
             (float("inf"),) * rounds, delta, float("nan"), noise_multiplier, cohort / num_clients
         )
+    from dp_accounting.rdp import compute_epsilon
+
     acc = new_accountant()
     acc.compose(round_event(num_clients, cohort, noise_multiplier), 1)
     one = np.asarray(acc._rdp)  # one round's RDP at acc._orders (no public getter)

@@ -28,7 +28,6 @@ from perfmodel.specs.strategy import leaf_codes
 from perfmodel.step.distir import DISTIR_STACK
 from simbase.errors import bad_value
 
-# the knobs a sweep may restrict: every registry knob a grid does not derive
 # the knobs a grid can cross: not those it derives, nor the scale-up domain (one per hardware)
 GRID_KNOBS = tuple(
     k.name
