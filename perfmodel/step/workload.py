@@ -128,14 +128,16 @@ class _AttentionOps(NamedTuple):
     proj: OpClass
 
 
-def _attention_ops(m: ModelSpec, micro_batch, tp, act_bytes, fused_attention, cp) -> _AttentionOps:
+def _attention_ops(
+    m: ModelSpec, micro_batch, T, tp, act_bytes, fused_attention, cp
+) -> _AttentionOps:
     """The QKV projection, the attention core, its softmax block and the output projection
-    (:func:`layer_forward_ops`: split over ``tp``, each rank's ``s/cp`` queries attending to
-    all ``s`` keys; a fused kernel writes no score tensor and runs no softmax kernels)."""
+    (:func:`layer_forward_ops`: split over ``tp``, each rank's ``T = b·s/cp`` queries attending
+    to all ``s`` keys; a fused kernel writes no score tensor and runs no softmax kernels). ``T``
+    is the caller's value: the GEMMs' shapes share it, so their tile counts are found once."""
     B, t, b = act_bytes, tp, micro_batch
     h, s, a = m.hidden_size, m.seq_len, m.num_heads
     att = attention_shape(m)
-    T = b * s / cp  # this rank's tokens
     scores = b * (a / t) * (s / cp) * s  # elements of the attention-score tensor per device
     unfused = 0.0 if fused_attention else 1.0
     causal = attention_causal_factor(m, fused_attention)
@@ -196,7 +198,7 @@ def layer_forward_ops(
     h, f, g = m.hidden_size, m.ffn_hidden_size, 1.0 + m.gated_mlp
     T = micro_batch * m.seq_len / cp  # this rank's tokens
     rep = where(sequence_parallel > 0, t, 1.0)
-    attn = _attention_ops(m, micro_batch, tp, act_bytes, fused_attention, cp)
+    attn = _attention_ops(m, micro_batch, T, tp, act_bytes, fused_attention, cp)
     return LayerOps(
         qkv=attn.qkv,
         attention=attn.attention,
