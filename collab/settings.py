@@ -147,6 +147,39 @@ def _latency_s(wan_latency_ms: float | None) -> float | None:
     return ms * units.MS
 
 
+def _scenario_serde_rates(serde_format: str) -> tuple[float, float]:
+    """The default (serialise, deserialise) bytes per second of one of :data:`SERDE_FORMATS`."""
+    if serde_format not in SERDE_FORMATS:
+        raise bad_value(None, "serde_format", serde_format, "one of " + ", ".join(SERDE_FORMATS))
+    return SERDE_DEFAULT_BYTES_PER_S[serde_format]
+
+
+def _scenario_sites(
+    clients, devices, batch_size, local_samples, local_steps, wan_bandwidth, wan_up, wan_down
+) -> dict:
+    """The per-site settings of :func:`scenario_from_text` as :class:`collab.Scenario` fields,
+    each one value or one per site (the WAN's up and down rates default to ``wan_bandwidth``)."""
+    v = {}
+    for field, text, parse in (
+        ("devices", devices, parse_counts),
+        ("batch_size", batch_size, parse_counts),
+        ("local_samples", local_samples, parse_counts),
+        ("local_steps", local_steps, parse_counts),
+        ("wan_bandwidth", wan_bandwidth, parse_rates),
+        ("wan_up", wan_up, parse_rates),
+        ("wan_down", wan_down, parse_rates),
+    ):
+        v[field] = _per_site(parse(text, field), text, field, clients)
+    return dict(
+        devices=v["devices"],
+        micro_batch_size=v["batch_size"],
+        local_samples=v["local_samples"],
+        local_steps=v["local_steps"],
+        up_bytes_per_s=v["wan_up"] or v["wan_bandwidth"],
+        down_bytes_per_s=v["wan_down"] or v["wan_bandwidth"],
+    )
+
+
 def scenario_from_text(
     *,
     clients: int = 2,
@@ -195,30 +228,14 @@ def scenario_from_text(
       AisimError: the first bad setting, ``source=None`` and ``field`` the parameter's name.
     """
     hws = _sites(clients, client_hardware)
-    if serde_format not in SERDE_FORMATS:
-        raise bad_value(None, "serde_format", serde_format, "one of " + ", ".join(SERDE_FORMATS))
+    ser, deser = _scenario_serde_rates(serde_format)
     latency = _latency_s(wan_latency_ms)
-    v = {}
-    for field, text, parse in (
-        ("devices", devices, parse_counts),
-        ("batch_size", batch_size, parse_counts),
-        ("local_samples", local_samples, parse_counts),
-        ("local_steps", local_steps, parse_counts),
-        ("wan_bandwidth", wan_bandwidth, parse_rates),
-        ("wan_up", wan_up, parse_rates),
-        ("wan_down", wan_down, parse_rates),
-    ):
-        v[field] = _per_site(parse(text, field), text, field, clients)
-    ser, deser = SERDE_DEFAULT_BYTES_PER_S[serde_format]
+    sites = _scenario_sites(
+        clients, devices, batch_size, local_samples, local_steps, wan_bandwidth, wan_up, wan_down
+    )
     sc = Scenario(
         hardware=tuple(hws),
         aggregator=hardware_by_name(aggregator_hardware),
-        devices=v["devices"],
-        micro_batch_size=v["batch_size"],
-        local_samples=v["local_samples"],
-        local_steps=v["local_steps"],
-        up_bytes_per_s=v["wan_up"] or v["wan_bandwidth"],
-        down_bytes_per_s=v["wan_down"] or v["wan_bandwidth"],
         latency_s=latency,
         serialize_bytes_per_s=ser,
         deserialize_bytes_per_s=deser,
@@ -228,6 +245,7 @@ def scenario_from_text(
         topk_fraction=topk_fraction,
         num_microbatches=num_microbatches,
         dtype=dtype,
+        **sites,
     )
     if profile is not None:
         sc = apply_profile(sc, profile, serde_format, keep_latency=latency is not None)
@@ -268,6 +286,107 @@ def _window_bytes(tcp_window: str | None) -> float:
     if not (math.isfinite(window) and window > 0):
         raise bad_value(None, "tcp_window_bytes", tcp_window, "a size like 6MiB or 4MB")
     return window
+
+
+def _site_batch(knobs: dict | None, batch_size: str | None) -> tuple[dict, str | None]:
+    """The sites' knobs that are set, and the batch per site: ``batch_size`` or the registry's
+    name for it among the knobs (``global_batch_size``), not both."""
+    knobs = {k: v for k, v in (knobs or {}).items() if v is not None}
+    if "global_batch_size" in knobs:  # the registry's name for a site's batch
+        if batch_size is not None:
+            raise bad_value(None, "global_batch_size", knobs["global_batch_size"],
+                            "one batch per site",
+                            hint="pass {batch_size} or {global_batch_size}, not both")  # fmt: skip
+        batch_size = str(knobs.pop("global_batch_size"))
+    return knobs, batch_size
+
+
+def _real_model(model: str, layers: int | None, seq_len: int | None):
+    """A model preset, or a model ``.json`` file, with ``layers`` and ``seq_len`` overriding it."""
+    is_file = model.lower().endswith(".json")
+    return resolve_model(
+        None if is_file else model, model_file=Path(model) if is_file else None,
+        num_layers=layers, seq_len=seq_len,
+    )  # fmt: skip
+
+
+def _site_values(clients, devices, batch_size, wan_up, wan_down, inner_step_time) -> dict:
+    """The per-site settings of :func:`cross_site_from_text` as :class:`collab.CrossSite`
+    fields, each one value or one per site (8 devices and 128 sequences by default; the WAN
+    rates and inner-step times None when not given)."""
+    per_site = {}
+    for field, text, parse in (
+        ("num_gpus", devices or "8", parse_counts),
+        ("batch_size", batch_size or "128", parse_counts),
+        ("wan_up", wan_up, parse_rates),
+        ("wan_down", wan_down, parse_rates),
+        ("inner_step_s", inner_step_time, parse_seconds),
+    ):
+        per_site[field] = _per_site(parse(text, field), text, field, clients)
+    return dict(
+        devices=per_site["num_gpus"],
+        batch_size=per_site["batch_size"],
+        up_bytes_per_s=per_site["wan_up"],
+        down_bytes_per_s=per_site["wan_down"],
+        inner_step_s=per_site["inner_step_s"],
+    )
+
+
+def _link_fields(
+    hws, profile, sites, wan_bandwidth, wan_latency_ms, wan_efficiency, serde_format, server
+) -> dict:
+    """What the exchange costs on the way, as :class:`collab.CrossSite` fields: each site's up
+    and down rates (the per-site ones in ``sites``, else the first of ``wan_bandwidth``), the
+    sites' calibrated constants (``profile``), the WAN latency and efficiency (default: the
+    first site's constants), the (de)serialisation rates and the server's line rate."""
+    rates = parse_rates(wan_bandwidth or "1Gbps", "wan_bandwidth")
+    up = sites["up_bytes_per_s"] or rates[:1]
+    consts = _site_constants(hws, profile)
+    base = consts or [h.constants for h in hws]
+    latency = _latency_s(wan_latency_ms)
+    if latency is None:
+        lat = tuple(float(c.link_latency_s[WAN]) for c in base)
+    else:
+        lat = (latency,)
+    if wan_efficiency is None:
+        wan_efficiency = float(base[0].link_bandwidth_efficiency[WAN])
+    ser, deser = _serde_rates(serde_format)
+    server = None if server is None else parse_rates(server, "server_bandwidth")
+    return dict(
+        up_bytes_per_s=up,
+        down_bytes_per_s=sites["down_bytes_per_s"] or up,
+        constants=None if consts is None else tuple(consts),
+        latency_s=lat,
+        wan_efficiency=wan_efficiency,
+        serialize_bytes_per_s=ser,
+        deserialize_bytes_per_s=deser,
+        server_bytes_per_s=None if server is None else server[0],
+    )
+
+
+def _round_fields(
+    mode, topology, compression, topk_fraction, fragments, overlap, churn, deadline, window
+) -> dict:
+    """The round's settings as :class:`collab.CrossSite` fields (default topology ``ring``,
+    compression ``fp32``, no deadline)."""
+    return dict(
+        mode=mode,
+        topology=topology or "ring",
+        compression=compression or "fp32",
+        overlap=overlap,
+        fragments=fragments,
+        churn_rate=churn,
+        deadline_s=0.0 if deadline is None else deadline,
+        topk_fraction=topk_fraction,
+        window_s=window,
+    )
+
+
+def _site_software(knobs: dict, stack: str | None, hw: Hardware) -> dict:
+    """The sites' knobs over :data:`SITE_DEFAULTS` (fused attention on unless a ``stack`` is
+    given) and their software stack, as :class:`collab.CrossSite` fields."""
+    site_knobs = SITE_DEFAULTS | ({} if stack else {"fused_attention": True}) | knobs
+    return dict(knobs=site_knobs, stack=load_stack(stack, hw))
 
 
 def cross_site_from_text(
@@ -328,67 +447,23 @@ def cross_site_from_text(
       AisimError: the first bad setting, ``source=None`` and ``field`` the parameter's name.
     """
     hws = _sites(clients, client_hardware)
-    knobs = {k: v for k, v in (knobs or {}).items() if v is not None}
-    if "global_batch_size" in knobs:  # the registry's name for a site's batch
-        if batch_size is not None:
-            raise bad_value(None, "global_batch_size", knobs["global_batch_size"],
-                            "one batch per site",
-                            hint="pass {batch_size} or {global_batch_size}, not both")  # fmt: skip
-        batch_size = str(knobs.pop("global_batch_size"))
-    is_file = model.lower().endswith(".json")
-    m = resolve_model(
-        None if is_file else model, model_file=Path(model) if is_file else None,
-        num_layers=layers, seq_len=seq_len,
+    knobs, batch_size = _site_batch(knobs, batch_size)
+    m = _real_model(model, layers, seq_len)
+    sites = _site_values(clients, devices, batch_size, wan_up, wan_down, inner_step_time)
+    links = _link_fields(
+        hws, profile, sites, wan_bandwidth, wan_latency_ms, wan_efficiency, serde_format,
+        server_bandwidth,
     )  # fmt: skip
-    per_site = {}
-    for field, text, parse in (
-        ("num_gpus", devices or "8", parse_counts),
-        ("batch_size", batch_size or "128", parse_counts),
-        ("wan_up", wan_up, parse_rates),
-        ("wan_down", wan_down, parse_rates),
-        ("inner_step_s", inner_step_time, parse_seconds),
-    ):
-        per_site[field] = _per_site(parse(text, field), text, field, clients)
-    rates = parse_rates(wan_bandwidth or "1Gbps", "wan_bandwidth")
-    up = per_site["wan_up"] or rates[:1]
-    consts = _site_constants(hws, profile)
-    base = consts or [h.constants for h in hws]
-    latency = _latency_s(wan_latency_ms)
-    if latency is None:
-        lat = tuple(float(c.link_latency_s[WAN]) for c in base)
-    else:
-        lat = (latency,)
-    if wan_efficiency is None:
-        wan_efficiency = float(base[0].link_bandwidth_efficiency[WAN])
-    ser, deser = _serde_rates(serde_format)
-    server = None if server_bandwidth is None else parse_rates(server_bandwidth, "server_bandwidth")
-    site_knobs = SITE_DEFAULTS | ({} if stack else {"fused_attention": True}) | knobs
+    rounds = _round_fields(
+        mode, topology, compression, topk_fraction, fragments, overlap, churn, deadline,
+        round_window,
+    )  # fmt: skip
+    software = _site_software(knobs, stack, hws[0])
     cs = CrossSite(
         model=m,
         hardware=tuple(hws),
-        devices=per_site["num_gpus"],
-        batch_size=per_site["batch_size"],
-        constants=None if consts is None else tuple(consts),
-        knobs=site_knobs,
-        stack=load_stack(stack, hws[0]),
-        up_bytes_per_s=up,
-        down_bytes_per_s=per_site["wan_down"] or up,
-        latency_s=lat,
-        serialize_bytes_per_s=ser,
-        deserialize_bytes_per_s=deser,
-        mode=mode,
-        topology=topology or "ring",
-        compression=compression or "fp32",
-        overlap=overlap,
-        fragments=fragments,
-        wan_efficiency=wan_efficiency,
-        churn_rate=churn,
-        deadline_s=0.0 if deadline is None else deadline,
-        topk_fraction=topk_fraction,
-        server_bytes_per_s=None if server is None else server[0],
         tcp_window_bytes=_window_bytes(tcp_window),
-        window_s=round_window,
-        inner_step_s=per_site["inner_step_s"],
+        **(sites | links | rounds | software),
     )
     check_round(cs)
     return cs

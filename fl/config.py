@@ -106,17 +106,8 @@ class ProcessKeys:
 PROCESS_FIELDS = {f.name: f for f in dataclasses.fields(ProcessKeys)}
 
 
-def validate(
-    cfg: ExperimentConfig, where: str | None = None, custom_algorithm: bool = False
-) -> None:
-    """Raises an :class:`AisimError` for the first out-of-range or unknown setting.
-
-    Args:
-      cfg: the experiment.
-      where: the errors' ``source`` (``None``: the values are arguments of the call).
-      custom_algorithm: the run's algorithm is the user's own (passed from Python), so
-        ``cfg.algorithm`` is not the one that runs.
-    """
+def _check_choices(cfg: ExperimentConfig, where: str | None) -> None:
+    """The named choices: data set, format, algorithm, partition, sampling and model."""
 
     def choice(field, value, choices, what):
         if value not in choices:
@@ -130,6 +121,10 @@ def validate(
     choice("sampling", cfg.sampling, ("uniform", "size"), "sampling")
     if cfg.model is not None:
         choice("model", cfg.model, MODELS, "model")
+
+
+def _check_counts(cfg: ExperimentConfig, where: str | None) -> None:
+    """The counts: positive integers, and a cohort no larger than the population."""
     positive_ints = (
         "clients",
         "clients_per_round",
@@ -153,6 +148,10 @@ def validate(
             f"at most the population size, {cfg.clients}",
             hint="lower it or raise {clients}",
         )
+
+
+def _check_ranges(cfg: ExperimentConfig, where: str | None) -> None:
+    """The real-valued settings' ranges, the memory budget and the device mix."""
     if not cfg.lr > 0:
         raise bad_value(where, "lr", cfg.lr, "a learning rate > 0")
     if cfg.server_lr is not None and not cfg.server_lr > 0:
@@ -188,6 +187,22 @@ def validate(
         raise bad_value(where, "clip_lr", cfg.clip_lr, "a learning rate > 0")
     if cfg.clip_count_stddev is not None and not cfg.clip_count_stddev > 0:
         raise bad_value(where, "clip_count_stddev", cfg.clip_count_stddev, "a number > 0")
+
+
+def validate(
+    cfg: ExperimentConfig, where: str | None = None, custom_algorithm: bool = False
+) -> None:
+    """Raises an :class:`AisimError` for the first out-of-range or unknown setting.
+
+    Args:
+      cfg: the experiment.
+      where: the errors' ``source`` (``None``: the values are arguments of the call).
+      custom_algorithm: the run's algorithm is the user's own (passed from Python), so
+        ``cfg.algorithm`` is not the one that runs.
+    """
+    _check_choices(cfg, where)
+    _check_counts(cfg, where)
+    _check_ranges(cfg, where)
     if custom_algorithm and cfg.algorithm_module is None:
         cfg = dataclasses.replace(cfg, algorithm_module="(python)")
     _check_effective(cfg, where)

@@ -27,6 +27,7 @@ the model: the caller gives it (``model``), or the row cannot be built.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -97,6 +98,124 @@ def _config_json(b: RowBuilder, data: Mapping[str, Any], no: int) -> None:
         b.setdefault("dtype", "fp16", no)
 
 
+@dataclasses.dataclass
+class _Scan:
+    """What a pass over a DeepSpeed log collects beside the row's fields."""
+
+    cfg: dict[str, tuple[Any, int]] = dataclasses.field(default_factory=dict)  # the table
+    # the timer's samples, one list per stretch (a step count that goes back starts one)
+    stretches: list[list[Sample]] = dataclasses.field(default_factory=lambda: [[]])
+    seen: set[int] = dataclasses.field(default_factory=set)  # global steps of this stretch
+    in_config: bool = False  # inside the engine's configuration table
+    overflow: bool = False  # the next timer line follows a skipped step
+    tflops: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    # the old timer's lines: line, epoch, micro-step, running average, ok; one list per stretch
+    old: list[list[tuple[int, int, int, float, bool]]] = dataclasses.field(
+        default_factory=lambda: [[]]
+    )
+
+
+def _read_json(b: RowBuilder, lines: list, i: int, text_json: str, start: int) -> int:
+    """Reads the configuration's JSON from line ``start`` on, adding the following lines
+    until it parses (:func:`_config_json`); returns the index of the next line to read."""
+    while i < len(lines):
+        try:
+            _config_json(b, json.loads(text_json), start)
+            break
+        except json.JSONDecodeError:
+            text_json += "\n" + lines[i].text
+            i += 1
+    return i
+
+
+def _timer(scan: _Scan, m: re.Match, no: int) -> None:
+    """A ``ThroughputTimer`` line: the first copy of each global step counts."""
+    step = int(m.group(3))
+    cur = scan.stretches[-1]
+    if cur and step < cur[-1].step:
+        scan.stretches.append([])
+        cur, scan.seen = scan.stretches[-1], set()
+    if step in scan.seen:
+        return
+    scan.seen.add(step)
+    curr = float(m.group(5))
+    # samples per second -> seconds, once the batch size is known
+    cur.append(Sample(no, step, curr, 1, ok=not scan.overflow and curr > 0))
+    scan.overflow = False
+
+
+def _old_timer(scan: _Scan, m: re.Match, no: int) -> None:
+    """A timer line from before DeepSpeed 0.7: one copy per micro-step counts."""
+    epoch, micro, avg = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    prev = scan.old[-1][-1] if scan.old[-1] else None
+    if prev and (epoch, micro) == prev[1:3]:
+        return  # another host's copy
+    if prev and epoch <= prev[1] and micro < prev[2]:
+        scan.old.append([])  # the count went back: a restart
+    scan.old[-1].append((no, epoch, micro, avg, not scan.overflow and avg > 0))
+    scan.overflow = False
+
+
+def _log_line(b: RowBuilder, scan: _Scan, t: str, no: int) -> None:
+    """A line outside the configuration: the world size, an overflow, a timer or the FLOPS
+    profiler's summary."""
+    if m := _WORLD.search(t):
+        b.put("num_gpus", int(m.group(1)), no)
+    elif _OVERFLOW.search(t):
+        scan.overflow = True
+    elif m := TIMER.search(t):
+        _timer(scan, m, no)
+    elif m := OLD_TIMER.search(t):
+        _old_timer(scan, m, no)
+    else:
+        stripped = t.strip()
+        for label, col in _PROFILER.items():
+            if stripped.startswith(label):
+                b.put("profiler_" + col, parse_scalar(stripped[len(label) :]), no)
+        if m := _FLOPS.search(stripped):
+            scan.tflops.append((float(m.group(1)) * _SCALE[m.group(2)], no))
+
+
+def _scan(b: RowBuilder, lines: list) -> _Scan:
+    """One pass over the log's lines: the configuration into ``b`` and the scan's table, the
+    rest by :func:`_log_line`."""
+    scan = _Scan()
+    i = 0
+    while i < len(lines):
+        ln, t = lines[i], lines[i].text
+        i += 1
+        if CONFIG_START.search(t):
+            scan.in_config = True
+        elif scan.in_config and (m := _JSON_START.search(t)):
+            i = _read_json(b, lines, i, m.group(1), ln.no)
+            scan.in_config = False
+        elif scan.in_config and (m := _CONFIG_LINE.search(t)):
+            name, value = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            scan.cfg[name] = (parse_scalar(value), ln.no)
+        else:
+            _log_line(b, scan, t, ln.no)
+    return scan
+
+
+def _timing(b: RowBuilder, scan: _Scan, skip_iterations: int | None, path: str):
+    """The step times of every stretch, warm-up dropped, summarised."""
+    gbs = b.get("global_batch_size")
+    # CurrSamplesPerSec is train_batch_size over one step's time.
+    timed = [
+        [Sample(s.line, s.step, gbs / s.step_time_s if s.ok else float("nan"), 1, s.ok) for s in c]
+        for c in scan.stretches
+    ]
+    if any(scan.old):
+        gas = b.get("gradient_accumulation_steps") or 1
+        timed += [_from_running_average(c, gbs, gas) for c in scan.old if c]
+    kept, warmup = [], 0
+    for times in timed:
+        k, w = drop_warmup(times, skip_iterations)
+        kept += k
+        warmup += w
+    return summarise(kept, warmup, path)
+
+
 def parse(
     text: str,
     path: str,
@@ -108,71 +227,10 @@ def parse(
     Raises:
       AisimError: no timer line, or a field the model needs is neither in the log nor given.
     """
-    lines = clean_lines(text)
     b = RowBuilder(FORMAT, path)
-    cfg: dict[str, tuple[Any, int]] = {}
-    stretches: list[list[Sample]] = [[]]
-    seen: set[int] = set()
-    in_config = overflow = False
-    tflops: list[tuple[float, int]] = []
-    old: list[list[tuple[int, int, int, float, bool]]] = [[]]  # line, epoch, micro-step, avg, ok
-    i = 0
-    while i < len(lines):
-        ln, t = lines[i], lines[i].text
-        i += 1
-        if CONFIG_START.search(t):
-            in_config = True
-            continue
-        if in_config and (m := _JSON_START.search(t)):
-            text_json, start = m.group(1), ln.no
-            while i < len(lines):
-                try:
-                    _config_json(b, json.loads(text_json), start)
-                    break
-                except json.JSONDecodeError:
-                    text_json += "\n" + lines[i].text
-                    i += 1
-            in_config = False
-            continue
-        if in_config and (m := _CONFIG_LINE.search(t)):
-            name, value = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-            cfg[name] = (parse_scalar(value), ln.no)
-            continue
-        if m := _WORLD.search(t):
-            b.put("num_gpus", int(m.group(1)), ln.no)
-        elif _OVERFLOW.search(t):
-            overflow = True
-        elif m := TIMER.search(t):
-            step = int(m.group(3))
-            cur = stretches[-1]
-            if cur and step < cur[-1].step:
-                stretches.append([])
-                cur, seen = stretches[-1], set()
-            if step in seen:
-                continue
-            seen.add(step)
-            curr = float(m.group(5))
-            # samples per second -> seconds, once the batch size is known
-            cur.append(Sample(ln.no, step, curr, 1, ok=not overflow and curr > 0))
-            overflow = False
-        elif m := OLD_TIMER.search(t):
-            epoch, micro, avg = int(m.group(1)), int(m.group(2)), float(m.group(3))
-            prev = old[-1][-1] if old[-1] else None
-            if prev and (epoch, micro) == prev[1:3]:
-                continue  # another host's copy
-            if prev and epoch <= prev[1] and micro < prev[2]:
-                old.append([])  # the count went back: a restart
-            old[-1].append((ln.no, epoch, micro, avg, not overflow and avg > 0))
-            overflow = False
-        else:
-            stripped = t.strip()
-            for label, col in _PROFILER.items():
-                if stripped.startswith(label):
-                    b.put("profiler_" + col, parse_scalar(stripped[len(label) :]), ln.no)
-            if m := _FLOPS.search(stripped):
-                tflops.append((float(m.group(1)) * _SCALE[m.group(2)], ln.no))
-    _config(b, cfg)
-    if not any(stretches) and not any(old):
+    scan = _scan(b, clean_lines(text))
+    _config(b, scan.cfg)
+    if not any(scan.stretches) and not any(scan.old):
         raise AisimError(
             source=path, expected="DeepSpeed 'epoch=E/micro_step=M/global_step=G, "
             "RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C' timer lines",
@@ -181,24 +239,9 @@ def parse(
         b.setdefault("num_gpus", b.get("profiler_world_size"), b.origin["profiler_world_size"])
     b.apply(overrides)
     _derive(b)
-    gbs = b.get("global_batch_size")
-    # CurrSamplesPerSec is train_batch_size over one step's time.
-    timed = [
-        [Sample(s.line, s.step, gbs / s.step_time_s if s.ok else float("nan"), 1, s.ok) for s in c]
-        for c in stretches
-    ]
-    if any(old):
-        gas = b.get("gradient_accumulation_steps") or 1
-        timed += [_from_running_average(c, gbs, gas) for c in old if c]
-    kept, warmup = [], 0
-    for times in timed:
-        k, w = drop_warmup(times, skip_iterations)
-        kept += k
-        warmup += w
-    timing = summarise(kept, warmup, path)
-    b.timing(timing)
-    if tflops:
-        b.put("tflops_per_gpu", tflops[-1][0], tflops[-1][1])
+    b.timing(_timing(b, scan, skip_iterations, path))
+    if scan.tflops:
+        b.put("tflops_per_gpu", scan.tflops[-1][0], scan.tflops[-1][1])
         b.values["flop_convention"] = FLOP_CONVENTION
     return [b.row()]
 

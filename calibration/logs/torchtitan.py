@@ -26,6 +26,7 @@ step count that goes back, starts a new stretch whose warm-up is dropped again.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import re
@@ -124,6 +125,91 @@ def _model_json(lines: list, i: int) -> tuple[dict[str, Any], int]:
             text += "\n" + lines[j].text
 
 
+@dataclasses.dataclass
+class _Steps:
+    """The step lines of one rank (the first that logs one), one list of samples per stretch
+    (a restart, or a step count that goes back, starts one)."""
+
+    stretches: list[list[Sample]] = dataclasses.field(default_factory=lambda: [[]])
+    begins: list[int | None] = dataclasses.field(default_factory=lambda: [None])  # when logged
+    # line -> (TFLOPS, MFU, peak memory GiB) as the step line prints them
+    extra: dict[int, tuple[float | None, float | None, float | None]] = dataclasses.field(
+        default_factory=dict
+    )
+    rank: int | None = None
+
+    def add(self, b: RowBuilder, ln, m: re.Match) -> None:
+        """A ``step: N  loss: ...  tps: T`` line; a repeated step or another rank's is left out."""
+        self.rank = ln.rank if self.rank is None else self.rank
+        step = int(m.group(1))
+        cur = self.stretches[-1]
+        if ln.rank != self.rank or (cur and step == cur[-1].step):
+            return
+        if cur and step < cur[-1].step:
+            self.stretches.append([])
+            self.begins.append(None)
+            cur = self.stretches[-1]
+        loss = float(m.group(2))
+        tps = float(m.group(3).replace(",", ""))
+        if cur:
+            steps = step - cur[-1].step
+        elif self.begins[-1] is not None:
+            steps = step - self.begins[-1] + 1
+        else:
+            steps = 1 if step == 1 else (b.get("log_freq") or step)
+        # tps, not yet a time: converted once the batch and world size are known.
+        cur.append(Sample(ln.no, step, tps, steps, ok=math.isfinite(loss) and tps > 0))
+        mem = _MEMORY.search(ln.text)
+        tfl = float(m.group(4).replace(",", "")) if m.group(4) else None
+        mfu = float(m.group(5)) if m.group(5) else None
+        self.extra[ln.no] = (tfl, mfu, float(mem.group(1)) if mem else None)
+
+    def start(self, step: int) -> None:
+        """A (re)start that says the step it begins at."""
+        if self.stretches[-1]:
+            self.stretches.append([])
+            self.begins.append(None)
+        self.begins[-1] = step
+
+
+def _setting_line(b: RowBuilder, lines: list, i: int) -> None:
+    """A start-up line that sets the row's fields: the printed job config, the device mesh,
+    the model, the trainer's batch, activation checkpointing, FSDP's precision, the device."""
+    ln = lines[i]
+    t = ln.text
+    if m := _PRINTED_ARGS.search(t):
+        try:
+            _job_config(b, ast.literal_eval(m.group(1)), ln.no)
+        except (ValueError, SyntaxError):
+            pass  # a cut-off or edited dict: the other start-up lines still count
+    elif m := _MESH.search(t):
+        for part in m.group(1).split(","):
+            k, _, v = part.strip().partition("=")
+            if k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep") and v.isdigit():
+                b.put(k, int(v), ln.no)
+    elif m := _MESH_OLD.search(t):
+        names = [x.strip().strip("'\"") for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",") if x.strip()]
+        for k, v in zip(names, dims, strict=False):
+            b.put(k, v, ln.no)
+    elif m := _BUILD.search(t):
+        args, end = _model_json(lines, i)
+        b.put("model", preset_name(f"{m.group(1)}-{m.group(2)}"), ln.no)
+        _model_shape(b, args, ln.no)
+    elif m := _TRAINER.search(t):
+        b.put("local_batch_size", int(m.group(1)), ln.no)
+        b.put("global_batch_size", int(m.group(2)), ln.no)
+        b.put("seq_len", int(m.group(3)), ln.no)
+    elif m := _AC.search(t):
+        b.put("recompute", m.group(1).lower(), ln.no)
+    elif _FSDP_MP in t:
+        b.put("dtype", "bf16", ln.no)  # torchtitan's default mixed_precision_param
+    elif m := _DEVICE.search(t):
+        name = m.group(1).lower()
+        hw = next((p for key, p in _HARDWARE if key in name), None)
+        b.put("hardware", hw, ln.no)
+
+
 def parse(
     text: str,
     path: str,
@@ -148,77 +234,19 @@ def parse(
     if toml is not None:
         # The job config first: a value the log prints replaces it.
         _job_config(b, toml[1], toml[0])
-    stretches: list[list[Sample]] = [[]]
-    begins: list[int | None] = [None]  # the step each stretch starts at, when logged
-    extra: dict[int, tuple[float | None, float | None, float | None]] = {}
-    rank = None
+    steps = _Steps()
     for i, ln in enumerate(lines):
-        t = ln.text
-        if m := STEP.search(t):
-            rank = ln.rank if rank is None else rank
-            step = int(m.group(1))
-            cur = stretches[-1]
-            if ln.rank != rank or (cur and step == cur[-1].step):
-                continue
-            if cur and step < cur[-1].step:
-                stretches.append([])
-                begins.append(None)
-                cur = stretches[-1]
-            loss = float(m.group(2))
-            tps = float(m.group(3).replace(",", ""))
-            if cur:
-                steps = step - cur[-1].step
-            elif begins[-1] is not None:
-                steps = step - begins[-1] + 1
-            else:
-                steps = 1 if step == 1 else (b.get("log_freq") or step)
-            # tps, not yet a time: converted once the batch and world size are known.
-            cur.append(Sample(ln.no, step, tps, steps, ok=math.isfinite(loss) and tps > 0))
-            mem = _MEMORY.search(t)
-            tfl = float(m.group(4).replace(",", "")) if m.group(4) else None
-            mfu = float(m.group(5)) if m.group(5) else None
-            extra[ln.no] = (tfl, mfu, float(mem.group(1)) if mem else None)
-        elif m := _STARTS.search(t):
-            if stretches[-1]:
-                stretches.append([])
-                begins.append(None)
-            begins[-1] = int(m.group(1))
-        elif m := _PRINTED_ARGS.search(t):
-            try:
-                _job_config(b, ast.literal_eval(m.group(1)), ln.no)
-            except (ValueError, SyntaxError):
-                pass  # a cut-off or edited dict: the other start-up lines still count
-        elif m := _MESH.search(t):
-            for part in m.group(1).split(","):
-                k, _, v = part.strip().partition("=")
-                if k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep") and v.isdigit():
-                    b.put(k, int(v), ln.no)
-        elif m := _MESH_OLD.search(t):
-            names = [x.strip().strip("'\"") for x in m.group(1).split(",")]
-            dims = [int(x) for x in m.group(2).split(",") if x.strip()]
-            for k, v in zip(names, dims, strict=False):
-                b.put(k, v, ln.no)
-        elif m := _BUILD.search(t):
-            args, end = _model_json(lines, i)
-            b.put("model", preset_name(f"{m.group(1)}-{m.group(2)}"), ln.no)
-            _model_shape(b, args, ln.no)
-        elif m := _TRAINER.search(t):
-            b.put("local_batch_size", int(m.group(1)), ln.no)
-            b.put("global_batch_size", int(m.group(2)), ln.no)
-            b.put("seq_len", int(m.group(3)), ln.no)
-        elif m := _AC.search(t):
-            b.put("recompute", m.group(1).lower(), ln.no)
-        elif _FSDP_MP in t:
-            b.put("dtype", "bf16", ln.no)  # torchtitan's default mixed_precision_param
-        elif m := _DEVICE.search(t):
-            name = m.group(1).lower()
-            hw = next((p for key, p in _HARDWARE if key in name), None)
-            b.put("hardware", hw, ln.no)
-    if not any(stretches):
+        if m := STEP.search(ln.text):
+            steps.add(b, ln, m)
+        elif m := _STARTS.search(ln.text):
+            steps.start(int(m.group(1)))
+        else:
+            _setting_line(b, lines, i)
+    if not any(steps.stretches):
         raise AisimError(source=path, expected="torchtitan 'step: N  loss: ...  tps: T' lines")
     b.apply(overrides)
     _derive(b)
-    return [_timing(b, stretches, extra, skip_iterations, path)]
+    return [_timing(b, steps.stretches, steps.extra, skip_iterations, path)]
 
 
 def _model_shape(b: RowBuilder, args: Mapping[str, Any], no: int) -> None:

@@ -554,6 +554,19 @@ def enumerate_strategies(
     Raises:
       AisimError: an unknown knob or a bad value (``field`` = its registry name).
     """
+    v, global_batch_size, preset, base = _requested(knobs, global_batch_size, stack)
+    rows, rejected, r_codes = _cross_axes(
+        v, num_gpus, global_batch_size, num_layers, num_heads, num_kv_heads, gpus_per_node,
+        allow_cross_node_tp, supported_dtypes, num_experts, seq_len,
+    )  # fmt: skip
+    stacks, parts = _stack_parts(rows, rejected, v, base, preset, r_codes)
+    return _strategy_grid(stacks, parts, rejected, gpus_per_node)
+
+
+def _requested(knobs: dict[str, Any], global_batch_size, stack):
+    """The values asked for per knob (any spelling; a stack preset's recipe defaults and
+    choices where the caller gave none), the global batches (an argument or a knob), the
+    preset when ``stack`` is one, and the base stack."""
     knobs = canonical(knobs)  # any spelling: global_batch, micro_batch, zero, ...
     if global_batch_size is None:
         global_batch_size = knobs.pop("global_batch_size", None)
@@ -563,8 +576,18 @@ def enumerate_strategies(
     preset = stack if isinstance(stack, StackPreset) else None
     if preset is not None:
         v = _preset_values(preset, v)
-    get = v.get
     base = stack if isinstance(stack, Stack) else Stack()
+    return v, global_batch_size, preset, base
+
+
+def _cross_axes(
+    v, num_gpus, global_batch_size, num_layers, num_heads, num_kv_heads, gpus_per_node,
+    allow_cross_node_tp, supported_dtypes, num_experts, seq_len,
+):  # fmt: skip
+    """The rows of every leaf knob crossed in turn, each cross filtered by its rule (the
+    :func:`enumerate_strategies` arguments of the same names; ``v``: the values asked for),
+    the count of rows each rule pruned, and the recomputation codes crossed."""
+    get = v.get
     rejected: dict[str, int] = {}
     gpus_l = [int(x) for x in np.atleast_1d(num_gpus)]
     gbs_l = [int(x) for x in np.atleast_1d(global_batch_size)]
@@ -589,6 +612,12 @@ def enumerate_strategies(
     imb_l, _ = _as_list(get("moe_imbalance"), (1.0,))
     rows = _cross(rows, "moe_imbalance", sorted({float(x) for x in imb_l}), np.float64)
     rows["gpus_per_node"] = np.full(len(rows["dp"]), gpus_per_node, np.int64)
+    return rows, rejected, r_codes
+
+
+def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, list[Rows]]:
+    """Each stack of the grid and its rows: the preset's groups of rows (its behaviours that
+    depend on the strategy), each crossed with the stack values asked for."""
     groups = [(base, rows)]
     if preset is not None:  # the preset's behaviours that depend on the strategy
         groups = [(st, {k: c[m] for k, c in rows.items()}) for st, m in preset.partition(rows)]
@@ -597,6 +626,12 @@ def enumerate_strategies(
         for st in stack_variants(group_base, v):
             stacks.append(st)
             parts.append(_rows_of_stack(group_rows, rejected, st, group_base, v, r_codes))
+    return stacks, parts
+
+
+def _strategy_grid(stacks: list, parts: list[Rows], rejected, gpus_per_node) -> StrategyGrid:
+    """The stacks' rows as one :class:`StrategyGrid` (float32 columns, a leaf knob a part
+    lacks at its default, and each row's ``stack_id``)."""
     defaults = leaf_codes({})
     cols = {
         k: np.concatenate([p[k] if k in p else np.full(len(p["dp"]), defaults[k]) for p in parts])

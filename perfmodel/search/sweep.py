@@ -33,7 +33,6 @@ from perfmodel.plan.estimate import (
 )
 from perfmodel.plan.stack_constants import stack_constants
 from perfmodel.search import reduce as srch
-from perfmodel.search.grid import StrategyGrid
 from perfmodel.search.report import row_to_result
 from perfmodel.search.sweep_grid import normalise_knobs, pair_grid, positive_list
 from perfmodel.specs.choices import Dtype, Schedule
@@ -188,64 +187,81 @@ def sweep(
     t0 = time.perf_counter()
     _check_options(cost_model, rank_by, top)
     grid_knobs = normalise_knobs(knobs)
-    gpus_l = positive_list(DEFAULT_GPUS if num_gpus is None else num_gpus, "num_gpus")
-    batch_l = positive_list(
-        DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch, "global_batch"
-    )
+    gpus_l, batch_l = _sweep_points(num_gpus, global_batch)
     pairs = _pairs(models, hardware)
-    searches, frames = [], _Frames()
-    for i, (m, hw) in enumerate(pairs):
-        if progress is not None:
-            progress(i, len(pairs), f"{m.name} on {hw.name}")
-        gpn = gpus_per_node_of(hw, gpus_per_node)
-        grid = pair_grid(
-            m, hw, gpus_l, batch_l, gpn, grid_knobs, cost_model, allow_cross_node_tp, stack
-        )
-        searches.append(
-            _search_pair(
-                m,
-                hw,
-                _constants_for(hw, constants, stack),
-                grid,
-                frames,
-                cost_model=cost_model,
-                top=top,
-                rank_by=rank_by,
-                keep_all=keep_all,
-            )
-        )
-    if progress is not None:
-        progress(len(pairs), len(pairs), "")
+    request = _PairRequest(
+        gpus_l, batch_l, grid_knobs, gpus_per_node, allow_cross_node_tp, stack, constants,
+        cost_model, top, rank_by, keep_all,
+    )  # fmt: skip
+    frames = _Frames()
+    searches = _search_pairs(pairs, request, frames, progress)
     if sum(s.result.feasible for s in searches) == 0:
         raise _nothing_feasible(searches)
     several_hardware = len({hw.name for _, hw in pairs}) > 1
     return _assemble(searches, frames, top, rank_by, several_hardware=several_hardware, since=t0)
 
 
-def _search_pair(
-    m: Model,
-    hw: Hardware,
-    consts: Constants,
-    grid: StrategyGrid,
-    frames: _Frames,
-    *,
-    cost_model: str,
-    top: int,
-    rank_by: str,
-    keep_all: bool,
-) -> PairSearch:
+def _sweep_points(num_gpus, global_batch) -> tuple[list[int], list[int]]:
+    """The GPU counts and global batches to sweep (default 1024 and 1536), validated."""
+    gpus_l = positive_list(DEFAULT_GPUS if num_gpus is None else num_gpus, "num_gpus")
+    batch_l = positive_list(
+        DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch, "global_batch"
+    )
+    return gpus_l, batch_l
+
+
+@dataclasses.dataclass(frozen=True)
+class _PairRequest:
+    """What the search of every (model, hardware) pair is asked (the :func:`sweep` arguments
+    of the same names): its grid's points and knobs, its constants and how to rank."""
+
+    num_gpus: list[int]
+    global_batch: list[int]
+    knobs: dict[str, list | None]
+    gpus_per_node: int | None
+    allow_cross_node_tp: bool
+    stack: Any
+    constants: Any
+    cost_model: str
+    top: int
+    rank_by: str
+    keep_all: bool
+
+
+def _search_pairs(pairs, request: _PairRequest, frames: _Frames, progress) -> list[PairSearch]:
+    """Searches each pair in turn (:func:`_search_pair`), calling ``progress`` before each
+    and once at the end."""
+    searches = []
+    for i, (m, hw) in enumerate(pairs):
+        if progress is not None:
+            progress(i, len(pairs), f"{m.name} on {hw.name}")
+        searches.append(_search_pair(m, hw, request, frames))
+    if progress is not None:
+        progress(len(pairs), len(pairs), "")
+    return searches
+
+
+def _search_pair(m: Model, hw: Hardware, request: _PairRequest, frames: _Frames) -> PairSearch:
     """Searches one pair's grid on the device and adds its frames, tagged with the model and
     hardware, to ``frames`` (every feasible row too, with ``keep_all``)."""
-    step_fn = select_step_fn(cost_model)
-    r = srch.search(m.spec, hw.spec, consts, grid, step_fn=step_fn, k=top, rank_by=rank_by)
+    gpn = gpus_per_node_of(hw, request.gpus_per_node)
+    grid = pair_grid(
+        m, hw, request.num_gpus, request.global_batch, gpn, request.knobs, request.cost_model,
+        request.allow_cross_node_tp, request.stack,
+    )  # fmt: skip
+    consts = _constants_for(hw, request.constants, request.stack)
+    step_fn = select_step_fn(request.cost_model)
+    r = srch.search(
+        m.spec, hw.spec, consts, grid, step_fn=step_fn, k=request.top, rank_by=request.rank_by
+    )
     tag = dict(
         model=m.name,
         hardware=hw.name,
-        cost_model=cost_model,
+        cost_model=request.cost_model,
         params=float(host_total_params(m.spec)),
     )
     frames.add(r, tag)
-    if keep_all and r.feasible:
+    if request.keep_all and r.feasible:
         every = srch.feasible_frame(m.spec, hw.spec, consts, grid, step_fn=step_fn)
         frames.all.append(every.assign(**tag))
     return PairSearch(m, hw, r)

@@ -18,7 +18,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,21 +133,8 @@ def _number(where: str, field: str, value: Any, unit: str, *, allow_none=False, 
     return float(value)
 
 
-def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
-    """Validates a hardware description (the JSON schema of the presets) and converts it to SI.
-
-    Args:
-      doc: the parsed JSON (peak_tflops per dtype, memory_bandwidth_gb_per_s,
-        memory_capacity_gib, links per tier, optional constants, price and gpus_per_node).
-      where: the source named in errors (a file path).
-
-    Returns:
-      A :class:`Hardware`: the SI :class:`HardwareSpec` (FLOP/s, bytes/s, bytes, seconds) and
-      the preset's default :class:`~perfmodel.specs.constants.Constants`.
-
-    Raises:
-      AisimError: naming ``where``, the field, the bad value and the expected unit.
-    """
+def _check_object(doc: Any, where: str) -> None:
+    """A JSON object with every required field."""
     if not isinstance(doc, dict):
         raise AisimError(f"{where}: expected a JSON object with hardware fields")
     required = ("peak_tflops", "memory_bandwidth_gb_per_s", "memory_capacity_gib", "links")
@@ -157,7 +144,11 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
                 f"{where}: missing field '{key}' (the shipped presets in "
                 "perfmodel/profiles/hardware/ show every field)"
             )
-    peaks = doc["peak_tflops"]
+
+
+def _peak_flops(peaks: Any, where: str) -> list[float]:
+    """FLOP/s per dtype in :class:`Dtype` code order from ``peak_tflops`` (0 where the device
+    lacks the dtype; fp32 is required)."""
     if not isinstance(peaks, dict):
         raise bad_value(where, "peak_tflops", peaks, "an object {fp32: TFLOPS, bf16: TFLOPS, ...}")
     unknown = set(peaks) - set(DTYPES)
@@ -173,7 +164,19 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         raise AisimError(
             f"{where}: field 'peak_tflops.fp32' is missing: expected a positive number in TFLOP/s"
         )
-    links = doc["links"]
+    return peak
+
+
+class _Links(NamedTuple):
+    """The link tiers of :data:`TIERS`, in SI, and each tier's technology (text)."""
+
+    bandwidth_bytes_per_s: list[float]
+    latency_s: list[float]
+    technology: dict[str, str]
+
+
+def _links(links: Any, where: str) -> _Links:
+    """Bandwidth (GB/s) and latency (µs) of each tier of ``links``, converted to SI."""
     if not isinstance(links, dict):
         raise bad_value(
             where, "links", links, "an object with intra_node, inter_node and wan tiers"
@@ -200,6 +203,24 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
             * units.US
         )
         tech[tier] = str(t.get("technology", ""))
+    return _Links(bw, lat, tech)
+
+
+def _gemm_tile(doc: dict[str, Any], where: str) -> list[int]:
+    """``gemm_tile``: [rows, columns] of a GEMM output tile, positive integers."""
+    tile = doc.get("gemm_tile", [128, 256])
+    if (
+        not isinstance(tile, list)
+        or len(tile) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)
+    ):
+        raise bad_value(where, "gemm_tile", tile, "[rows, columns] of a GEMM output tile")
+    return tile
+
+
+def _optional_fields(doc: dict[str, Any], where: str) -> dict[str, float]:
+    """The optional :class:`HardwareSpec` fields, validated and in SI, by field name (a price
+    not given is NaN; the others take their defaults)."""
     price = doc.get("price_per_device_hour_usd")
     price = _number(
         where, "price_per_device_hour_usd", price, "USD per device-hour", allow_none=True
@@ -213,43 +234,29 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     if isinstance(fa2, bool) or not isinstance(fa2, int | float) or not 0 < fa2 <= 1:
         raise bad_value(where, "fa2_attention_ratio", fa2, "a fraction in (0, 1]")
     sms = _number(where, "sm_count", doc.get("sm_count", 0), "SMs per device", positive=False)
-    tile = doc.get("gemm_tile", [128, 256])
-    if (
-        not isinstance(tile, list)
-        or len(tile) != 2
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)
-    ):
-        raise bad_value(where, "gemm_tile", tile, "[rows, columns] of a GEMM output tile")
+    tile = _gemm_tile(doc, where)
     leaf = _number(
         where, "fabric_leaf_domains", doc.get("fabric_leaf_domains", 0), "domains", positive=False
     )
     shared = doc.get("devices_share_host", False)
     if not isinstance(shared, bool):
         raise bad_value(where, "devices_share_host", shared, "true or false")
-    spec = HardwareSpec(
-        peak_flops_per_s=jnp.asarray(peak, jnp.float32),
-        memory_bandwidth_bytes_per_s=jnp.asarray(
-            _number(where, "memory_bandwidth_gb_per_s", doc["memory_bandwidth_gb_per_s"], "GB/s")
-            * units.GIGA,
-            jnp.float32,
-        ),
-        memory_capacity_bytes=jnp.asarray(
-            _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB") * units.GIB,
-            jnp.float32,
-        ),
-        link_bandwidth_bytes_per_s=jnp.asarray(bw, jnp.float32),
-        link_latency_s=jnp.asarray(lat, jnp.float32),
-        gpus_per_node=jnp.asarray(gpn, jnp.float32),
-        price_per_device_hour_usd=jnp.asarray(math.nan if price is None else price, jnp.float32),
-        devices_share_host=jnp.asarray(float(shared), jnp.float32),
-        memory_reserve_bytes=jnp.asarray(reserve * units.GIB, jnp.float32),
-        fa2_attention_ratio=jnp.asarray(float(fa2), jnp.float32),
-        sm_count=jnp.asarray(sms, jnp.float32),
-        gemm_tile_m=jnp.asarray(float(tile[0]), jnp.float32),
-        gemm_tile_n=jnp.asarray(float(tile[1]), jnp.float32),
-        fabric_leaf_domains=jnp.asarray(leaf, jnp.float32),
+    return dict(
+        gpus_per_node=gpn,
+        price_per_device_hour_usd=math.nan if price is None else price,
+        devices_share_host=float(shared),
+        memory_reserve_bytes=reserve * units.GIB,
+        fa2_attention_ratio=float(fa2),
+        sm_count=sms,
+        gemm_tile_m=float(tile[0]),
+        gemm_tile_n=float(tile[1]),
+        fabric_leaf_domains=leaf,
     )
-    consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
+
+
+def _power(doc: dict[str, Any], where: str) -> tuple[float | None, float | None, int | None]:
+    """(board watts, system watts, devices per system), None where not given; a system's
+    power needs the devices it hosts."""
     power = _number(where, "board_power_w", doc.get("board_power_w"), "watts", allow_none=True)
     system = _number(where, "system_power_w", doc.get("system_power_w"), "watts", allow_none=True)
     system_gpus = doc.get("system_gpus")
@@ -257,17 +264,53 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
         isinstance(system_gpus, bool) or not isinstance(system_gpus, int) or system_gpus < 1
     ):
         raise bad_value(where, "system_gpus", system_gpus, "the devices the system hosts")
+    return power, system, (system_gpus if system is not None else None)
+
+
+def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
+    """Validates a hardware description (the JSON schema of the presets) and converts it to SI.
+
+    Args:
+      doc: the parsed JSON (peak_tflops per dtype, memory_bandwidth_gb_per_s,
+        memory_capacity_gib, links per tier, optional constants, price and gpus_per_node).
+      where: the source named in errors (a file path).
+
+    Returns:
+      A :class:`Hardware`: the SI :class:`HardwareSpec` (FLOP/s, bytes/s, bytes, seconds) and
+      the preset's default :class:`~perfmodel.specs.constants.Constants`.
+
+    Raises:
+      AisimError: naming ``where``, the field, the bad value and the expected unit.
+    """
+    _check_object(doc, where)
+    peak = _peak_flops(doc["peak_tflops"], where)
+    links = _links(doc["links"], where)
+    optional = _optional_fields(doc, where)
+    bandwidth = _number(
+        where, "memory_bandwidth_gb_per_s", doc["memory_bandwidth_gb_per_s"], "GB/s"
+    )
+    capacity = _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB")
+    spec = HardwareSpec(
+        peak_flops_per_s=jnp.asarray(peak, jnp.float32),
+        memory_bandwidth_bytes_per_s=jnp.asarray(bandwidth * units.GIGA, jnp.float32),
+        memory_capacity_bytes=jnp.asarray(capacity * units.GIB, jnp.float32),
+        link_bandwidth_bytes_per_s=jnp.asarray(links.bandwidth_bytes_per_s, jnp.float32),
+        link_latency_s=jnp.asarray(links.latency_s, jnp.float32),
+        **{name: jnp.asarray(value, jnp.float32) for name, value in optional.items()},
+    )
+    consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
+    power, system, system_gpus = _power(doc, where)
     return Hardware(
         name=str(doc.get("name", Path(where).stem)).lower(),
         description=str(doc.get("description", "")),
         spec=spec,
         constants=consts,
         sources=dict(doc.get("sources", {})),
-        link_technology=tech,
+        link_technology=links.technology,
         path=where,
         board_power_w=power,
         system_power_w=system,
-        system_gpus=system_gpus if system is not None else None,
+        system_gpus=system_gpus,
     )
 
 

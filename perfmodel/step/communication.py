@@ -274,6 +274,83 @@ def amax_reduction_s(m: ModelSpec, hw, c, s: Strategy, n_layers):
     return coll.hierarchical_all_reduce_s(group, 4.0 * 3.0 * gemms * n_layers, k, intra, inter)
 
 
+class _DpPasses(NamedTuple):
+    """What ZeRO's partitioning and the stack make every data-parallel collective do."""
+
+    w_b: Float[Array, ""]  # bytes per parameter an all-gather carries
+    g_b: Float[Array, ""]  # bytes per parameter a gradient reduction carries
+    partitioned: Float[Array, ""]  # ZeRO >= 1 (a boolean)
+    zero3: Float[Array, ""]  # parameters partitioned (a boolean)
+    step_gather: Float[Array, ""]  # ZeRO-3 under ``fsdp_step_gather`` (a boolean)
+    per_mb: Float[Array, ""]  # gradient reduce-scatters per step
+    gathers: float  # ZeRO-3's all-gathers per microbatch: 2 when resharded after the forward
+    microbatches: Float[Array, ""]
+    bucket: float  # parameters per collective (0: one per layer)
+
+
+def _gathered_bytes_per_param(s: Strategy):
+    """Bytes per parameter of the weights an all-gather carries: the 16-bit weights, or, in a
+    program with FP8 or FP4 GEMMs, their low-precision copy."""
+    mem, stack = s.memory, s.stack
+    w_b, _, _ = model_state_bytes_per_param(mem.dtype)
+    if s.scope.fp8:
+        # FP8/FP4 weights gathered in low precision with the distributed optimizer
+        # (``--fp8-param-gather``; Megatron-Bridge's FP8 and NVFP4 presets), under recipes that
+        # keep low-precision weights (not torchao's rowwise)
+        part = mem.zero_stage >= ZeroStage.OPTIMIZER
+        c8 = recipe_costs(stack.fp8_recipe)
+        c4 = recipe_costs(stack.fp8_recipe, fp4=True)
+        if c8.weight_bytes is not None:
+            w_b = where((mem.dtype == Dtype.FP8) & part, c8.weight_bytes, w_b)
+        if c4.weight_bytes is not None:
+            w_b = where((mem.dtype == Dtype.FP4) & part, c4.weight_bytes, w_b)
+    return w_b
+
+
+def _dp_passes(s: Strategy) -> _DpPasses:
+    """The passes of :func:`dp_comm` (its docstring) for the strategy's ZeRO stage and stack."""
+    mem, stack = s.memory, s.stack
+    mb = s.batching.num_microbatches
+    zero3 = mem.zero_stage == ZeroStage.PARAMETERS
+    # FSDP's step gather: one all-gather and one reduce-scatter per step, not per microbatch
+    step_gather = zero3 & stack.fsdp_step_gather
+    return _DpPasses(
+        w_b=_gathered_bytes_per_param(s),
+        g_b=grad_bytes_per_param(s),
+        partitioned=mem.zero_stage >= ZeroStage.OPTIMIZER,
+        zero3=zero3,
+        step_gather=step_gather,
+        per_mb=where(mem.zero_stage >= ZeroStage.GRADIENTS, where(step_gather, 1.0, mb), 1.0),
+        gathers=2.0 if stack.fsdp_reshard else 1.0,
+        microbatches=mb,
+        bucket=float(stack.dp_bucket_size),
+    )
+
+
+def _dp_traffic(hw, c, lay: Layout, ps: _DpPasses, num_layers, params, group, stride, replicas):
+    """(hideable, exposed) seconds of one parameter set's data-parallel traffic over a group of
+    ``group`` ranks ``stride`` apart, with ``replicas`` HSDP replicas of each shard group."""
+    k, intra, inter = _group_links(hw, c, lay, group, stride)
+    # one collective per layer (FSDP's per-block units), or per bucket of the stack's size
+    if ps.bucket <= 0.0:
+        n = jnp.maximum(num_layers, 1.0)
+    else:
+        n = jnp.maximum(jnp.ceil(params / ps.bucket), 1.0)
+    # a reduce-scatter and an all-gather pay the same per collective and per byte
+    latency, per_byte = coll.hierarchical_ring_parts(group, k, intra, inter)
+    rs = n * latency + params * ps.g_b * per_byte
+    ag = n * latency + params * ps.w_b * per_byte
+    ar = coll.hierarchical_all_reduce_s(group, params * ps.g_b, k, intra, inter, n)
+    # HSDP: the gradient shard all-reduced across the replicas of each shard group
+    ra, rb = links(hw, c, replicas, stride * group, lay.gpus_per_node, replicas)
+    replica_ar = coll.nccl_all_reduce_s(replicas, params * ps.g_b / group, ra, rb)
+    zero3 = ps.zero3
+    gathered = where(ps.step_gather, ag, ps.gathers * ps.microbatches * ag)
+    hideable = where(ps.partitioned, ps.per_mb * rs + where(zero3, gathered, 0.0), ar)
+    exposed = where(ps.partitioned & ~zero3, ag, 0.0) + where(zero3, replica_ar, 0.0)
+    return hideable, exposed
+
+
 def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel:
     """Data-parallel gradient and parameter traffic of the step and the part left exposed.
 
@@ -296,68 +373,28 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
     NCCL's ring latency, which grows with the ranks (:func:`perfmodel.step.collectives.
     ring_latency_s`): at thousands of ranks a flat ZeRO-3 is latency-bound.
     """
-    lay, mem, stack = s.layout, s.memory, s.stack
-    mb = s.batching.num_microbatches
+    lay, mem = s.layout, s.memory
     dense, experts = stage_params_split(m, lay)
-    w_b, _, _ = model_state_bytes_per_param(mem.dtype)
-    if s.scope.fp8:
-        # FP8/FP4 weights gathered in low precision with the distributed optimizer
-        # (``--fp8-param-gather``; Megatron-Bridge's FP8 and NVFP4 presets), under recipes that
-        # keep low-precision weights (not torchao's rowwise)
-        part = mem.zero_stage >= ZeroStage.OPTIMIZER
-        c8 = recipe_costs(stack.fp8_recipe)
-        c4 = recipe_costs(stack.fp8_recipe, fp4=True)
-        if c8.weight_bytes is not None:
-            w_b = where((mem.dtype == Dtype.FP8) & part, c8.weight_bytes, w_b)
-        if c4.weight_bytes is not None:
-            w_b = where((mem.dtype == Dtype.FP4) & part, c4.weight_bytes, w_b)
-    g_b = grad_bytes_per_param(s)
-    partitioned = mem.zero_stage >= ZeroStage.OPTIMIZER
-    zero3 = mem.zero_stage == ZeroStage.PARAMETERS
-    # FSDP's step gather: one all-gather and one reduce-scatter per step, not per microbatch
-    step_gather = zero3 & stack.fsdp_step_gather
-    per_mb = where(mem.zero_stage >= ZeroStage.GRADIENTS, where(step_gather, 1.0, mb), 1.0)
-    gathers = 2.0 if stack.fsdp_reshard else 1.0
-    bucket = float(stack.dp_bucket_size)
-
-    def collectives(params):
-        # one collective per layer (FSDP's per-block units), or per bucket of the stack's size
-        if bucket <= 0.0:
-            return jnp.maximum(win.num_layers, 1.0)
-        return jnp.maximum(jnp.ceil(params / bucket), 1.0)
-
-    def traffic(params, group, stride, replicas):
-        k, intra, inter = _group_links(hw, c, lay, group, stride)
-        n = collectives(params)
-        # a reduce-scatter and an all-gather pay the same per collective and per byte
-        latency, per_byte = coll.hierarchical_ring_parts(group, k, intra, inter)
-        rs = n * latency + params * g_b * per_byte
-        ag = n * latency + params * w_b * per_byte
-        ar = coll.hierarchical_all_reduce_s(group, params * g_b, k, intra, inter, n)
-        # HSDP: the gradient shard all-reduced across the replicas of each shard group
-        ra, rb = links(hw, c, replicas, stride * group, lay.gpus_per_node, replicas)
-        replica_ar = coll.nccl_all_reduce_s(replicas, params * g_b / group, ra, rb)
-        hideable = where(
-            partitioned,
-            per_mb * rs + where(zero3, where(step_gather, ag, gathers * mb * ag), 0.0),
-            ar,
-        )
-        exposed = where(partitioned & ~zero3, ag, 0.0) + where(zero3, replica_ar, 0.0)
-        return hideable, exposed
-
+    ps = _dp_passes(s)
     group = shard_group(lay, mem)
     replicas = jnp.maximum(lay.dp * lay.cp / group, 1.0)
-    hideable, exposed = traffic(dense, group, lay.tp, replicas)
+    hideable, exposed = _dp_traffic(hw, c, lay, ps, win.num_layers, dense, group, lay.tp, replicas)
     if m.moe:
-        h_exp, e_exp = traffic(experts, expert_data_parallel(lay), lay.ep * lay.etp, jnp.ones(()))
+        edp, stride = expert_data_parallel(lay), lay.ep * lay.etp
+        h_exp, e_exp = _dp_traffic(
+            hw, c, lay, ps, win.num_layers, experts, edp, stride, jnp.ones(())
+        )
         has_experts = experts > 0
         hideable = hideable + where(has_experts, h_exp, 0.0)
         exposed = exposed + where(has_experts, e_exp, 0.0)
     dp_total = hideable + exposed
+    zero3 = ps.zero3
     window = (
-        per_mb * win.num_layers * where(zero3, win.fwd_layer_s + win.bwd_layer_s, win.bwd_layer_s)
+        ps.per_mb
+        * win.num_layers
+        * where(zero3, win.fwd_layer_s + win.bwd_layer_s, win.bwd_layer_s)
     )
-    if not stack.dp_overlap:
+    if not s.stack.dp_overlap:
         return DataParallel(total_s=dp_total, exposed_s=dp_total - 0.0)
     hidden = jnp.minimum(c.dp_overlap_fraction * hideable, window)
     return DataParallel(total_s=dp_total, exposed_s=dp_total - hidden)

@@ -34,9 +34,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from importlib import resources
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
 from perfmodel.specs.choices import Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.specs.constants import Constants
@@ -211,6 +213,47 @@ def plain_strategy(s: Strategy) -> Strategy:
     )
 
 
+class _DistirTerms(NamedTuple):
+    """DistIR's terms of one step (seconds) and the FLOPs of its slowest stage."""
+
+    compute_s: Float[Array, ""]
+    tp_comm_s: Float[Array, ""]
+    dp_s: Float[Array, ""]  # the whole gradient all-reduce (not overlapped)
+    pp_p2p_s: Float[Array, ""]
+    bubble_s: Float[Array, ""]
+    optimizer_s: Float[Array, ""]
+    overhead_s: Float[Array, ""]
+    stage_flops: Float[Array, ""]  # one microbatch on one stage
+    layers: Float[Array, ""]  # per stage
+
+
+def _distir_terms(m: ModelSpec, s: Strategy) -> _DistirTerms:
+    """The terms of :func:`distir_step_time` for a strategy DistIR can model
+    (:func:`plain_strategy`): ``m`` microbatches of the slowest stage and its TP all-reduces,
+    the stage sends, the 1F1B fill and drain, the gradient all-reduce, the SGD op and the
+    per-microbatch gradient Adds."""
+    S = jnp.asarray(BYTES_PER_ELEMENT)[s.memory.dtype.astype(jnp.int32)]
+    lay, bat = s.layout, s.batching
+    b, tp, pp, dp, mb = bat.micro_batch_size, lay.tp, lay.pp, lay.dp, bat.num_microbatches
+    n = layers_per_stage(m, lay)
+    stage = _transformer_stage if m.kind == "transformer" else _mlp_stage
+    fwd, bwd, stage_flops, tp_bytes, send_bytes, w_last, add_s = stage(m, b, tp, n, S)
+    tp_mb = jnp.where(tp > 1, all_reduce_s(tp, tp_bytes), 0.0)
+    send = send_s(send_bytes)
+    steady_sends = jnp.where(pp > 2, 4.0, 2.0)
+    return _DistirTerms(
+        compute_s=mb * (fwd + bwd),
+        tp_comm_s=mb * tp_mb,
+        dp_s=jnp.where(dp > 1, all_reduce_s(dp, S * stage_params(m, lay)), 0.0),
+        pp_p2p_s=jnp.where(pp > 1, mb * steady_sends * send + 2.0 * (pp - 1.0) * send, 0.0),
+        bubble_s=(pp - 1.0) * (fwd + bwd + tp_mb),
+        optimizer_s=op_s(w_last, 2.0 * S * w_last),
+        overhead_s=(mb - 1.0) * add_s,
+        stage_flops=stage_flops,
+        layers=n,
+    )
+
+
 def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> StepBreakdown:
     """Time, throughput and memory of one training step under DistIR's cost model.
 
@@ -230,48 +273,34 @@ def distir_step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) 
     """
     del c
     s = plain_strategy(s)
-    S = jnp.asarray(BYTES_PER_ELEMENT)[s.memory.dtype.astype(jnp.int32)]
-    lay, bat = s.layout, s.batching
-    b, tp, pp, dp, mb = bat.micro_batch_size, lay.tp, lay.pp, lay.dp, bat.num_microbatches
-    n = layers_per_stage(m, lay)
-    stage = _transformer_stage if m.kind == "transformer" else _mlp_stage
-    fwd, bwd, stage_flops, tp_bytes, send_bytes, w_last, add_s = stage(m, b, tp, n, S)
-
-    tp_mb = jnp.where(tp > 1, all_reduce_s(tp, tp_bytes), 0.0)
-    compute_s = mb * (fwd + bwd)
-    tp_comm_s = mb * tp_mb
-    send = send_s(send_bytes)
-    steady_sends = jnp.where(pp > 2, 4.0, 2.0)
-    pp_p2p_s = jnp.where(pp > 1, mb * steady_sends * send + 2.0 * (pp - 1.0) * send, 0.0)
-    bubble_s = (pp - 1.0) * (fwd + bwd + tp_mb)
-    params_dev = stage_params(m, lay)
-    dp_total = jnp.where(dp > 1, all_reduce_s(dp, S * params_dev), 0.0)
-    optimizer_s = op_s(w_last, 2.0 * S * w_last)
-    overhead_s = (mb - 1.0) * add_s
-    total = compute_s + tp_comm_s + dp_total + pp_p2p_s + bubble_s + optimizer_s + overhead_s
+    lay, mb = s.layout, s.batching.num_microbatches
+    t = _distir_terms(m, s)
+    total = (
+        t.compute_s + t.tp_comm_s + t.dp_s + t.pp_p2p_s + t.bubble_s + t.optimizer_s + t.overhead_s
+    )
 
     gbs = s.global_batch
     gpus = s.num_gpus
     tokens = gbs * tokens_per_sample(m)
     model_flops = model_flops_per_step(m, gbs)
-    hardware_flops = stage_flops * (m.num_layers / n) * tp * mb * dp
+    hardware_flops = t.stage_flops * (m.num_layers / t.layers) * lay.tp * mb * lay.dp
     denom = total * gpus * DEVICE_THROUGHPUT_FLOPS_PER_S
     mem = memory_per_device(m, s)
     fits = mem.total_bytes <= hw.memory_capacity_bytes
     valid = distir_validity(m, s)
     return StepBreakdown(
-        compute_s=compute_s,
-        tp_comm_s=tp_comm_s,
-        cp_comm_s=jnp.zeros_like(tp_comm_s),
-        ep_comm_s=jnp.zeros_like(tp_comm_s),
-        dp_comm_exposed_s=dp_total,
-        pp_p2p_s=pp_p2p_s,
-        bubble_s=bubble_s,
-        optimizer_s=optimizer_s,
-        overhead_s=overhead_s,
-        step_overhead_s=jnp.zeros_like(tp_comm_s),
+        compute_s=t.compute_s,
+        tp_comm_s=t.tp_comm_s,
+        cp_comm_s=jnp.zeros_like(t.tp_comm_s),
+        ep_comm_s=jnp.zeros_like(t.tp_comm_s),
+        dp_comm_exposed_s=t.dp_s,
+        pp_p2p_s=t.pp_p2p_s,
+        bubble_s=t.bubble_s,
+        optimizer_s=t.optimizer_s,
+        overhead_s=t.overhead_s,
+        step_overhead_s=jnp.zeros_like(t.tp_comm_s),
         step_time_s=total,
-        dp_comm_total_s=dp_total,
+        dp_comm_total_s=t.dp_s,
         throughput_samples_per_s=gbs / total,
         tokens_per_s=tokens / total,
         model_flops=model_flops,

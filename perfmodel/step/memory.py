@@ -305,6 +305,101 @@ def in_flight_microbatches(lay: Layout, bat: Batching) -> Float[Array, ""]:
     )
 
 
+class _ModelStates(NamedTuple):
+    """Bytes per device of the model states."""
+
+    weights: Float[Array, ""]
+    grads: Float[Array, ""]
+    optimizer: Float[Array, ""]
+
+
+def _low_precision_weights(s: Strategy, w_b, p):
+    """FP8: Transformer Engine keeps a 1-byte FP8 copy beside the 16-bit weights; with the
+    distributed optimizer (ZeRO >= 1) Megatron-Core and NeMo keep the weights in FP8 only
+    (``--fp8-param-gather``), the fp32 master copy living in the optimizer state; block and MX
+    scales add their bytes, FP4 keeps 4-bit weights and their block scales
+    (``fp4_param_gather``); torchao's rowwise casts on the fly and keeps none.
+
+    Returns:
+      (bytes per parameter of the weights, bytes of the extra low-precision copy of ``p``
+      parameters).
+    """
+    mem = s.memory
+    fp8_copy = 0.0
+    part = mem.zero_stage >= ZeroStage.OPTIMIZER
+    for dtype, cost in (
+        (Dtype.FP8, recipe_costs(s.stack.fp8_recipe)),
+        (Dtype.FP4, recipe_costs(s.stack.fp8_recipe, fp4=True)),
+    ):
+        if cost.weight_bytes is None:
+            continue
+        low = mem.dtype == dtype
+        w_b = where(low & part, cost.weight_bytes, w_b)
+        fp8_copy = fp8_copy + where(low & ~part, cost.weight_bytes, 0.0) * p
+    return w_b, fp8_copy
+
+
+def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
+    """Weights, gradients and optimizer state per device of the first stage
+    (:func:`memory_per_device`)."""
+    lay, mem, stack = s.layout, s.memory, s.stack
+    dense, experts = stage_params_split(m, lay)
+    p = dense + experts
+    w_b, _, o_b = model_state_bytes_per_param(mem.dtype)
+    g_b = grad_bytes_per_param(s)
+    z = mem.zero_stage
+    group, edp = shard_group(lay, mem), expert_data_parallel(lay)
+
+    def sharded(nbytes, stage):
+        return where(z >= stage, dense * nbytes / group + experts * nbytes / edp, p * nbytes)
+
+    zero3 = z == ZeroStage.PARAMETERS
+    layer_w = p / jnp.maximum(layers_per_stage(m, lay), 1.0)
+    # the whole stage stays gathered without resharding, or across microbatches (step gather)
+    whole = (not stack.fsdp_reshard) or stack.fsdp_step_gather
+    gathered = (p if whole else 2.0 * layer_w) * w_b
+    fp8_copy = 0.0
+    if s.scope.fp8:
+        w_b, fp8_copy = _low_precision_weights(s, w_b, p)
+    if stack.param_remainders:
+        # master weights kept as the 16 low-order bits the bf16 weights lack (Apex/TE
+        # ``store_param_remainders``): 2 bytes of the 12 instead of 4
+        o_b = where(mem.dtype == Dtype.BF16, o_b - 2.0, o_b)
+    g_sharded = g_b
+    if stack.fsdp_fp32_params:
+        # PyTorch FSDP's mixed precision: the sharded parameters are the fp32 master weights
+        # the optimizer steps (its 12 bytes), cast to 16 or 8 bits only in the all-gather, so
+        # no sharded low-precision copy; their gradients are sharded in the same fp32
+        fsdp32 = zero3 & (o_b > 8.0)
+        w_b = where(fsdp32, 0.0, w_b)
+        g_sharded = where(fsdp32, 4.0, g_b)
+    weights = sharded(w_b, ZeroStage.PARAMETERS) + where(zero3, gathered, 0.0) + fp8_copy
+    grads = sharded(g_sharded, ZeroStage.GRADIENTS)
+    if stack.fsdp_step_gather:
+        # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in
+        # the reduce dtype), reduce-scattered once
+        grads = grads + where(zero3, p * g_b, 0.0)
+    return _ModelStates(weights, grads, sharded(o_b, ZeroStage.OPTIMIZER))
+
+
+def _peak_activations(m: ModelSpec, s: Strategy):
+    """Activation bytes of the first stage at its peak (:func:`memory_per_device`)."""
+    lay, bat = s.layout, s.batching
+    stage = _stage_activations(m, s)
+    acts = stage.kept * in_flight_microbatches(lay, bat)
+    if m.kind == "transformer":
+        # the loss's logits at its peak (``logit_bytes`` per logit: 4 for the fused fp32
+        # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last; they are
+        # freed before the layers' backward, where full recomputation holds one layer's
+        # activations again, so the peak takes the larger of the two
+        logits = (
+            s.stack.logit_bytes * m.seq_len / lay.cp * bat.micro_batch_size * m.vocab_size / lay.tp
+        )
+        logits = where(lay.pp <= 1, logits, 0.0)
+        acts = acts + jnp.maximum(logits, stage.working)
+    return acts
+
+
 def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     """Bytes per device of the first pipeline stage (the peak), by part.
 
@@ -325,75 +420,13 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     Returns:
       A :class:`MemoryBreakdown` in bytes.
     """
-    lay, bat, mem, stack = s.layout, s.batching, s.memory, s.stack
-    dense, experts = stage_params_split(m, lay)
-    p = dense + experts
-    w_b, _, o_b = model_state_bytes_per_param(mem.dtype)
-    g_b = grad_bytes_per_param(s)
-    z = mem.zero_stage
-    group, edp = shard_group(lay, mem), expert_data_parallel(lay)
-
-    def sharded(nbytes, stage):
-        return where(z >= stage, dense * nbytes / group + experts * nbytes / edp, p * nbytes)
-
-    zero3 = z == ZeroStage.PARAMETERS
-    layer_w = p / jnp.maximum(layers_per_stage(m, lay), 1.0)
-    # the whole stage stays gathered without resharding, or across microbatches (step gather)
-    whole = (not stack.fsdp_reshard) or stack.fsdp_step_gather
-    gathered = (p if whole else 2.0 * layer_w) * w_b
-    fp8_copy = 0.0
-    if s.scope.fp8:
-        # FP8: Transformer Engine keeps a 1-byte FP8 copy beside the 16-bit weights; with the
-        # distributed optimizer (ZeRO >= 1) Megatron-Core and NeMo keep the weights in FP8 only
-        # (``--fp8-param-gather``), the fp32 master copy living in the optimizer state; block
-        # and MX scales add their bytes, FP4 keeps 4-bit weights and their block scales
-        # (``fp4_param_gather``); torchao's rowwise casts on the fly and keeps none
-        part = z >= ZeroStage.OPTIMIZER
-        for dtype, cost in (
-            (Dtype.FP8, recipe_costs(stack.fp8_recipe)),
-            (Dtype.FP4, recipe_costs(stack.fp8_recipe, fp4=True)),
-        ):
-            if cost.weight_bytes is None:
-                continue
-            low = mem.dtype == dtype
-            w_b = where(low & part, cost.weight_bytes, w_b)
-            fp8_copy = fp8_copy + where(low & ~part, cost.weight_bytes, 0.0) * p
-    if stack.param_remainders:
-        # master weights kept as the 16 low-order bits the bf16 weights lack (Apex/TE
-        # ``store_param_remainders``): 2 bytes of the 12 instead of 4
-        o_b = where(mem.dtype == Dtype.BF16, o_b - 2.0, o_b)
-    g_sharded = g_b
-    if stack.fsdp_fp32_params:
-        # PyTorch FSDP's mixed precision: the sharded parameters are the fp32 master weights
-        # the optimizer steps (its 12 bytes), cast to 16 or 8 bits only in the all-gather, so
-        # no sharded low-precision copy; their gradients are sharded in the same fp32
-        fsdp32 = zero3 & (o_b > 8.0)
-        w_b = where(fsdp32, 0.0, w_b)
-        g_sharded = where(fsdp32, 4.0, g_b)
-    weights = sharded(w_b, ZeroStage.PARAMETERS) + where(zero3, gathered, 0.0) + fp8_copy
-    grads = sharded(g_sharded, ZeroStage.GRADIENTS)
-    if stack.fsdp_step_gather:
-        # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in
-        # the reduce dtype), reduce-scattered once
-        grads = grads + where(zero3, p * g_b, 0.0)
-    opt = sharded(o_b, ZeroStage.OPTIMIZER)
-    stage = _stage_activations(m, s)
-    acts = stage.kept * in_flight_microbatches(lay, bat)
-    if m.kind == "transformer":
-        # the loss's logits at its peak (``logit_bytes`` per logit: 4 for the fused fp32
-        # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last; they are
-        # freed before the layers' backward, where full recomputation holds one layer's
-        # activations again, so the peak takes the larger of the two
-        logits = (
-            stack.logit_bytes * m.seq_len / lay.cp * bat.micro_batch_size * m.vocab_size / lay.tp
-        )
-        logits = where(lay.pp <= 1, logits, 0.0)
-        acts = acts + jnp.maximum(logits, stage.working)
-    total = weights + grads + opt + acts
+    states = _model_states(m, s)
+    acts = _peak_activations(m, s)
+    total = states.weights + states.grads + states.optimizer + acts
     return MemoryBreakdown(
-        weights_bytes=weights,
-        gradients_bytes=grads,
-        optimizer_bytes=opt,
+        weights_bytes=states.weights,
+        gradients_bytes=states.grads,
+        optimizer_bytes=states.optimizer,
         activations_bytes=acts,
         total_bytes=total,
     )

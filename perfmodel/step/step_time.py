@@ -29,7 +29,8 @@ from perfmodel.specs.strategy import Strategy
 from perfmodel.step import communication as terms
 from perfmodel.step.breakdown import BREAKDOWN_TERMS as BREAKDOWN_TERMS  # part of this API
 from perfmodel.step.breakdown import StepBreakdown
-from perfmodel.step.compute import StageCompute, layer_ops, stage_compute, timer
+from perfmodel.step.compute import StageCompute, stage_compute
+from perfmodel.step.layer_time import layer_ops, timer
 from perfmodel.step.memory import (
     expert_data_parallel,
     grad_bytes_per_param,

@@ -9,6 +9,7 @@ Bytes are the HBM traffic of each kernel (inputs read, outputs written).
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -100,52 +101,48 @@ def attention_causal_factor(m: ModelSpec, fused_attention: bool) -> Float[Array,
     return where(m.causal > 0, 0.5, 1.0)
 
 
-def layer_forward_ops(
-    m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes, fused_attention=False, cp=1.0
-) -> LayerOps:
-    """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``,
-    context parallel ``cp``).
+def _mlp_layer_ops(m: ModelSpec, micro_batch, tp, act_bytes) -> LayerOps:
+    """The average linear layer of an MLP and its ReLU (no attention, no projections)."""
+    B, t, T = act_bytes, tp, micro_batch
+    h, L = m.hidden_size, m.num_layers
+    w = mlp_params(m) / L  # average weights per layer
+    io = (m.input_size + m.output_size + 2.0 * (L - 1.0) * h) / L  # mean in + out width
+    out = (m.output_size + (L - 1.0) * h) / L  # mean output width
+    zero = _op(0.0, 0.0, 0.0)
+    return LayerOps(
+        qkv=zero,
+        attention=_op(0.0, 0.0, 0.0, role="attention"),
+        softmax=_op(0.0, 0.0, 0.0, tensor=False),
+        proj=zero,
+        mlp=_op(2.0 * T * w / t, B * (T * io + w) / t, 1.0),
+        elementwise=_op(T * out / t, B * 2.0 * T * out / t, 1.0, tensor=False),
+    )
 
-    Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
-    dropouts and residuals are replicated unless ``sequence_parallel`` (Korthikanti et al.
-    2022 §4.2.2). Their traffic is 10 reads/writes of ``b·s·h`` (two layer norms and two fused
-    bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an
-    MLP, this is the average linear layer plus its ReLU. Projections follow
-    :func:`attention_shape` (grouped-query or latent attention); the MLP is the dense one
-    (``ffn_hidden_size``; an MoE layer's experts are :func:`perfmodel.step.moe.moe_forward_ops`).
-    With ``cp`` ranks, each holds ``s/cp`` queries (load-balanced causal chunks) and attends to
-    all ``s`` keys, so every per-token op divides by ``cp``.
 
-    With ``fused_attention`` (FlashAttention) the score tensor never reaches memory: attention
-    reads Q, K, V and writes its output in one kernel, and the softmax, mask and dropout happen
-    inside it (no separate kernels, no traffic; their few non-matmul FLOPs are not counted); a
-    causal fused kernel does half the score work (:func:`attention_causal_factor`).
-    """
+class _AttentionOps(NamedTuple):
+    """The forward op classes of a transformer layer's attention block."""
+
+    qkv: OpClass
+    attention: OpClass
+    softmax: OpClass
+    proj: OpClass
+
+
+def _attention_ops(
+    m: ModelSpec, micro_batch, T, tp, act_bytes, fused_attention, cp
+) -> _AttentionOps:
+    """The QKV projection, the attention core, its softmax block and the output projection
+    (:func:`layer_forward_ops`: split over ``tp``, each rank's ``T = b·s/cp`` queries attending
+    to all ``s`` keys; a fused kernel writes no score tensor and runs no softmax kernels). ``T``
+    is the caller's value: the GEMMs' shapes share it, so their tile counts are found once."""
     B, t, b = act_bytes, tp, micro_batch
-    rep = where(sequence_parallel > 0, t, 1.0)
-    if m.kind == "mlp":
-        T, h, L = b, m.hidden_size, m.num_layers
-        w = mlp_params(m) / L  # average weights per layer
-        io = (m.input_size + m.output_size + 2.0 * (L - 1.0) * h) / L  # mean in + out width
-        out = (m.output_size + (L - 1.0) * h) / L  # mean output width
-        zero = _op(0.0, 0.0, 0.0)
-        return LayerOps(
-            qkv=zero,
-            attention=_op(0.0, 0.0, 0.0, role="attention"),
-            softmax=_op(0.0, 0.0, 0.0, tensor=False),
-            proj=zero,
-            mlp=_op(2.0 * T * w / t, B * (T * io + w) / t, 1.0),
-            elementwise=_op(T * out / t, B * 2.0 * T * out / t, 1.0, tensor=False),
-        )
-    h, s, f, g = m.hidden_size, m.seq_len, m.ffn_hidden_size, 1.0 + m.gated_mlp
-    a = m.num_heads
+    h, s, a = m.hidden_size, m.seq_len, m.num_heads
     att = attention_shape(m)
-    T = b * s / cp  # this rank's tokens
     scores = b * (a / t) * (s / cp) * s  # elements of the attention-score tensor per device
     unfused = 0.0 if fused_attention else 1.0
     causal = attention_causal_factor(m, fused_attention)
     qkv_out = att.q_dim + att.kv_exchanged
-    return LayerOps(
+    return _AttentionOps(
         qkv=_op(
             2.0 * T * att.proj_params / t,
             B * (T * h + att.proj_params / t + T * qkv_out / t),
@@ -171,6 +168,42 @@ def layer_forward_ops(
             1.0,
             gemms=(gemm(T, h, att.v_dim / t),),
         ),
+    )
+
+
+def layer_forward_ops(
+    m: ModelSpec, micro_batch, tp, sequence_parallel, act_bytes, fused_attention=False, cp=1.0
+) -> LayerOps:
+    """Forward kernels of one layer for one microbatch on one device (tensor parallel ``tp``,
+    context parallel ``cp``).
+
+    Matmuls and attention are split over ``tp`` (Megatron column/row parallelism); layer norms,
+    dropouts and residuals are replicated unless ``sequence_parallel`` (Korthikanti et al.
+    2022 §4.2.2). Their traffic is 10 reads/writes of ``b·s·h`` (two layer norms and two fused
+    bias-dropout-residual kernels) plus the activation function on the ``ffn`` tensor. For an
+    MLP, this is the average linear layer plus its ReLU. Projections follow
+    :func:`attention_shape` (grouped-query or latent attention); the MLP is the dense one
+    (``ffn_hidden_size``; an MoE layer's experts are :func:`perfmodel.step.moe.moe_forward_ops`).
+    With ``cp`` ranks, each holds ``s/cp`` queries (load-balanced causal chunks) and attends to
+    all ``s`` keys, so every per-token op divides by ``cp``.
+
+    With ``fused_attention`` (FlashAttention) the score tensor never reaches memory: attention
+    reads Q, K, V and writes its output in one kernel, and the softmax, mask and dropout happen
+    inside it (no separate kernels, no traffic; their few non-matmul FLOPs are not counted); a
+    causal fused kernel does half the score work (:func:`attention_causal_factor`).
+    """
+    if m.kind == "mlp":
+        return _mlp_layer_ops(m, micro_batch, tp, act_bytes)
+    B, t = act_bytes, tp
+    h, f, g = m.hidden_size, m.ffn_hidden_size, 1.0 + m.gated_mlp
+    T = micro_batch * m.seq_len / cp  # this rank's tokens
+    rep = where(sequence_parallel > 0, t, 1.0)
+    attn = _attention_ops(m, micro_batch, T, tp, act_bytes, fused_attention, cp)
+    return LayerOps(
+        qkv=attn.qkv,
+        attention=attn.attention,
+        softmax=attn.softmax,
+        proj=attn.proj,
         mlp=_op(
             2.0 * T * h * f * (g + 1.0) / t,
             B * (2.0 * T * h + h * f * (g + 1.0) / t + T * f * (g + 1.0) / t),

@@ -14,7 +14,7 @@ from perfmodel.specs.model import attention_shape
 from perfmodel.specs.stack import Stack
 from perfmodel.step import collectives as coll
 from perfmodel.step import communication as terms
-from perfmodel.step.compute import _fp8_casts
+from perfmodel.step.layer_time import _fp8_casts
 from perfmodel.step.precision import precision
 from perfmodel.step.recipes import recipe_costs
 
