@@ -39,6 +39,8 @@ from simbase.io import read_json
 
 STACK_SCHEMA = "aisim.stack/1"
 AUTO = "auto"
+# the key of a constants block that holds the carried-over scatter, not a hardware preset's fit
+CARRIED = "carried_over"
 _OPS = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
     ">": operator.gt, "<": operator.lt,
@@ -185,6 +187,14 @@ class StackPreset:
     def constants_entry(self, hardware: str) -> dict | None:
         """This stack's constants entry for a hardware preset, or ``None``."""
         return self.constants.get(hardware)
+
+    def fitted_constants(self) -> dict[str, dict]:
+        """The constants entries fitted to published runs: hardware preset -> entry."""
+        return {
+            k: v
+            for k, v in self.constants.items()
+            if k != CARRIED and isinstance(v, dict) and v.get("status") == "fitted"
+        }
 
 
 def _stacks_dir() -> Path:
