@@ -15,7 +15,6 @@ from typing import Annotated
 import typer
 
 from aisim import perf_render as render
-from aisim.common import resolve_calibration, resolve_constants
 from aisim.console import check_out_suffix, guard, print_json
 from aisim.options import (
     FLAGS,
@@ -50,6 +49,7 @@ from aisim.options import (
     with_defaults,
     with_settings,
 )
+from calibration.profile import run_constants
 from perfmodel import load_stack, resolve_hardware, resolve_model
 from perfmodel.plan.compare import COMPARE_KEYS, compare_hardware
 from perfmodel.plan.options import plan_options, with_price
@@ -144,7 +144,7 @@ def estimate_command(
         hw = with_price(resolve_hardware(hardware, hardware_file), price_per_gpu_hour)
         preset = load_stack(stack, hw)
         doc = estimate_document(
-            m, hw, resolve_calibration(hw, profile, preset),
+            m, hw, run_constants(hw, profile, preset),
             with_defaults(with_settings(knobs, settings), ONE_RUN, preset),
             cost_model=cost_model, stack=preset, tokens=plan.tokens, failures=failures,
             sensitivity=sensitivity, **plan.power(),
@@ -205,7 +205,7 @@ def grid_command(
         with render.SweepProgress(enabled=not json_out) as progress:
             result = plan_grid(
                 models, devices, tokens=plan.tokens,
-                calibration_for=lambda hw: resolve_calibration(hw, profile, preset),
+                calibration_for=lambda hw: run_constants(hw, profile, preset),
                 price_per_gpu_hour_usd=price_per_gpu_hour, num_gpus=values.pop("num_gpus", None),
                 global_batch=values.pop("global_batch_size", None), cost_model=cost_model,
                 top=top, rank_by=rank_by, keep_all=out is not None,
@@ -255,7 +255,7 @@ def sensitivity_command(
         gpus = given.pop("num_gpus", ONE_RUN["num_gpus"])
         batch = given.pop("global_batch_size", ONE_RUN["global_batch_size"])
         doc = sensitivity_report(
-            m, hw, resolve_constants(hw, profile, preset), num_gpus=int(gpus),
+            m, hw, run_constants(hw, profile, preset).constants, num_gpus=int(gpus),
             global_batch=int(batch),
             knobs=given, best=best, capacity=capacity, cost_model=cost_model, stack=preset,
         )  # fmt: skip
@@ -305,7 +305,7 @@ def compare_command(
         doc = compare_hardware(
             _model(model, model_file), devices, tokens=plan.tokens, num_gpus=gpus,
             global_batch=global_batch, rank_by=rank_by,
-            constants_for=lambda hw: resolve_constants(hw, profile, preset), stack=preset,
+            constants_for=lambda hw: run_constants(hw, profile, preset).constants, stack=preset,
             price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.power(),
             **grid_values(given),
         )  # fmt: skip

@@ -15,7 +15,8 @@ Public API:
   :func:`predicted_step_time_s`; :func:`fit` -> :class:`FitResult`; :func:`predict_table`,
   :func:`predict_rows`.
 - **Profiles**: :func:`read_profile`, :func:`load_profile_constants`, :data:`PROFILE_SCHEMA`;
-  :func:`load_profile_covariance` (the fitted constants' covariance, for prediction intervals).
+  :func:`load_profile_covariance` (the fitted constants' covariance, for prediction intervals);
+  :func:`run_constants` (a run's constants: a profile's, else its stack's on the hardware).
 - **Checking the intervals**: :func:`loo_coverage` -> :class:`Coverage` (fit without each row,
   predict it with its interval), :func:`shipped_coverage` (on the shipped measurement sets).
 - **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
@@ -49,6 +50,7 @@ from calibration.profile import (
     load_profile_constants,
     load_profile_covariance,
     read_profile,
+    run_constants,
 )
 from calibration.report import parity_plot
 from calibration.rows import (
@@ -129,6 +131,7 @@ __all__ = [
     "read_profile",
     "resolve_rows",
     "row_strategy",
+    "run_constants",
     "shape_columns",
     "shipped_coverage",
 ]
