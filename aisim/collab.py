@@ -140,6 +140,12 @@ def _check_paths(out=None, plot=None, table_out=None, json_out=None) -> None:
             raise bad_value(None, field, str(path), "a file name ending in " + ", ".join(suffixes))
 
 
+def _library_args(params: dict, *own: str) -> dict:
+    """A command's parameters (its ``locals()`` on entry) but ``own``, the ones the command
+    handles itself: the rest are the library function's keyword arguments, by the same names."""
+    return {k: v for k, v in params.items() if k not in own}
+
+
 def _wrote(*paths: Path | None) -> None:
     for p in paths:
         if p is not None:
@@ -191,6 +197,7 @@ def sweep(
 ) -> None:
     """One row per model size (square MLPs), or with --model one row per inner-step count and
     WAN rate: round time, compute utilisation and each site's shares of the round."""
+    args = _library_args(locals(), "knobs", "settings", "microbatches", "json_out", "out", "plot")
     import collab
     from collab.figures import plot_sweep
 
@@ -198,19 +205,7 @@ def sweep(
         _check_paths(out=out, plot=plot)
         if microbatches is not None:  # the earlier spelling of --num-microbatches
             knobs = {"num_microbatches": microbatches} | knobs
-        result = collab.run_sweep(
-            sizes=sizes, model=model, rounds=rounds, tokens=tokens, profile=profile,
-            knobs=with_settings(knobs, settings), stack=stack, layers=layers, seq_len=seq_len,
-            clients=clients, client_hardware=client_hardware, devices=devices,
-            batch_size=batch_size, local_samples=local_samples, local_steps=local_steps,
-            inner_step_time=inner_step_time, wan_bandwidth=wan_bandwidth, wan_up=wan_up,
-            wan_down=wan_down, wan_latency_ms=wan_latency_ms, wan_efficiency=wan_efficiency,
-            tcp_window=tcp_window, server_bandwidth=server_bandwidth, mode=mode,
-            topology=topology, compression=compression, topk_fraction=topk_fraction,
-            fragments=fragments, overlap=overlap, churn=churn, deadline=deadline,
-            round_window=round_window, aggregator_hardware=aggregator_hardware,
-            serde_format=serde_format,
-        )  # fmt: skip
+        result = collab.run_sweep(knobs=with_settings(knobs, settings), **args)
         if out is not None:
             write_table(result.frame, out)
         if plot is not None:
@@ -330,19 +325,13 @@ def fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Fit the collaboration constants to a table of per-client shares; print fitted vs given."""
+    args = _library_args(locals(), "seed", "microbatches", "out", "table_out", "json_out")
+    args["num_microbatches"] = num_microbatches or microbatches
     import collab
 
     with guard(FLAGS):
         _check_paths(table_out=table_out, json_out=out)
-        result, doc = collab.fit_from_text(
-            seed, rounds=rounds, clients=clients, client_hardware=client_hardware,
-            devices=devices, batch_size=batch_size, local_samples=local_samples,
-            local_steps=local_steps, wan_bandwidth=wan_bandwidth, wan_up=wan_up,
-            wan_down=wan_down, wan_latency_ms=wan_latency_ms, mode=mode, topology=topology,
-            compression=compression, topk_fraction=topk_fraction,
-            num_microbatches=num_microbatches or microbatches,
-            aggregator_hardware=aggregator_hardware, dtype=dtype, serde_format=serde_format,
-        )  # fmt: skip
+        result, doc = collab.fit_from_text(seed, **args)
         if out is not None:
             atomic_write_text(out, to_json(doc) + "\n")
         if table_out is not None:
