@@ -23,8 +23,9 @@ Public API:
   logs); :func:`import_training_logs` (Megatron-LM, torchtitan, DeepSpeed and every Colossal-AI
   generation, with provenance: :func:`calibration.logs.import_logs`); :func:`measure_many`,
   :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`,
-  :func:`hardware_for_devices` and :func:`shape_columns` (time real flax training steps here;
-  imported on first use, as they load flax).
+  :func:`hardware_for_devices`, :func:`shape_columns` and :func:`measured_shape` (a preset's
+  shape to time, with overrides): time real flax training steps here; imported on first use,
+  as they load flax.
 """
 
 from calibration.colossal import import_logs, parse_log
@@ -65,6 +66,7 @@ from calibration.rows import (
 # the measuring loop imports flax: loaded on first use (PEP 562), so `import calibration` stays light
 # (and the coverage check too, so that `python -m calibration.intervals` runs it cleanly)
 _LAZY = {name: "calibration.intervals" for name in ("Coverage", "loo_coverage", "shipped_coverage")}
+_LAZY["measured_shape"] = "calibration.shapes"
 _LAZY |= {
     name: "calibration.measure"
     for name in (
@@ -117,6 +119,7 @@ __all__ = [
     "loo_coverage",
     "measure_many",
     "measure_one",
+    "measured_shape",
     "measured_step_times",
     "normalise_measurements",
     "objective",
