@@ -44,18 +44,18 @@ from aisim.options import (
     VocabOpt,
     WidthsOpt,
     failure_options,
-    grid_values,
     knob_options,
-    with_defaults,
     with_settings,
 )
 from calibration.profile import run_constants
 from perfmodel import load_stack, resolve_hardware, resolve_model
-from perfmodel.plan.compare import COMPARE_KEYS, compare_hardware
+from perfmodel.plan.compare import compare_hardware, compare_table
 from perfmodel.plan.options import plan_options, with_price
 from perfmodel.plan.reports import estimate_document, plan_grid
-from perfmodel.plan.sensitivity import sensitivity_report
+from perfmodel.plan.sensitivity import elasticity_table, sensitivity_report
 from perfmodel.search.figures import plot_compare, plot_sweep
+from perfmodel.search.sweep_grid import grid_lists
+from perfmodel.specs.stack_preset import with_caller_defaults
 from simbase.errors import bad_value
 from simbase.io import check_new_file, write_table
 from simbase.parse import split_list
@@ -145,7 +145,7 @@ def estimate_command(
         preset = load_stack(stack, hw)
         doc = estimate_document(
             m, hw, run_constants(hw, profile, preset),
-            with_defaults(with_settings(knobs, settings), ONE_RUN, preset),
+            with_caller_defaults(with_settings(knobs, settings), ONE_RUN, preset),
             cost_model=cost_model, stack=preset, tokens=plan.tokens, failures=failures,
             sensitivity=sensitivity, **plan.power(),
         )  # fmt: skip
@@ -200,7 +200,7 @@ def grid_command(
             with_price(resolve_hardware(h, hardware_file), price_per_gpu_hour)
             for h in (split_list(hardware) or [None])[: 1 if hardware_file else None]
         ]
-        values = grid_values(with_settings(knobs, settings))
+        values = grid_lists(with_settings(knobs, settings))
         preset = load_stack(stack, devices[0])
         with render.SweepProgress(enabled=not json_out) as progress:
             result = plan_grid(
@@ -251,7 +251,7 @@ def sensitivity_command(
         preset = load_stack(stack, hw)
         given = with_settings(knobs, settings)
         if not best:  # the grid searches what the user did not fix
-            given = with_defaults(given, ONE_RUN, preset)
+            given = with_caller_defaults(given, ONE_RUN, preset)
         gpus = given.pop("num_gpus", ONE_RUN["num_gpus"])
         batch = given.pop("global_batch_size", ONE_RUN["global_batch_size"])
         doc = sensitivity_report(
@@ -260,7 +260,7 @@ def sensitivity_command(
             knobs=given, best=best, capacity=capacity, cost_model=cost_model, stack=preset,
         )  # fmt: skip
         if out is not None:
-            write_table(render.elasticity_frame(doc), out)
+            write_table(elasticity_table(doc), out)
         if json_out:
             print_json(doc)
             return
@@ -307,13 +307,12 @@ def compare_command(
             global_batch=global_batch, rank_by=rank_by,
             constants_for=lambda hw: run_constants(hw, profile, preset).constants, stack=preset,
             price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.power(),
-            **grid_values(given),
+            **grid_lists(given),
         )  # fmt: skip
         if plot is not None:
             plot_compare(doc, plot)
         if out is not None:
-            rows = [{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]]
-            write_table(render.frame(rows), out)
+            write_table(compare_table(doc), out)
         if json_out:
             print_json(doc)
             return

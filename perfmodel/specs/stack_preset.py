@@ -357,6 +357,23 @@ def explain(preset: StackPreset) -> list[dict[str, Any]]:
             for kind, knob, value in out]  # fmt: skip
 
 
+def with_caller_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack) -> dict[str, Any]:
+    """The knobs given, over a caller's own defaults, except the defaults of the knobs the stack
+    preset's recipe chooses (a framework's recomputation or ZeRO stage wins over the caller's).
+
+    Args:
+      knobs: the knobs the user gave (they win over every default).
+      defaults: the caller's defaults (``aisim perf estimate``'s GPT-3 run).
+      stack: a :class:`StackPreset`, a plain :class:`~perfmodel.specs.stack.Stack` or None
+        (no recipe: every caller default applies).
+
+    Returns:
+      The caller's defaults the recipe leaves alone, then ``knobs`` over them.
+    """
+    own = {d.knob for d in getattr(stack, "defaults", ())}
+    return {k: v for k, v in defaults.items() if k not in own} | knobs
+
+
 def ensure_known(names: list[str], where: str) -> None:
     """Raises if a stack name is not shipped (for tables that name stacks per row)."""
     known = stack_names()
