@@ -71,3 +71,14 @@ def test_plan_options_check_every_value_before_the_tokens():
         with pytest.raises(AisimError) as e:
             plan_options(*args)
         assert e.value.field == field
+
+
+def test_the_tables_of_a_comparison_and_a_sensitivity_keep_their_documents_rows():
+    from perfmodel.plan.compare import COMPARE_KEYS, compare_table
+    from perfmodel.plan.sensitivity import elasticity_table
+
+    row = {k: i for i, k in enumerate(COMPARE_KEYS)} | {"strategy": "dp8 tp1", "best": {}}
+    t = compare_table({"hardware": [row, row | {"hardware": "b200"}]})
+    assert list(t.columns) == [*COMPARE_KEYS, "strategy"] and t["hardware"].tolist() == [0, "b200"]
+    e = elasticity_table({"elasticities": {"peak_tflops.bf16": -0.7, "kernel_overhead_s": 0.1}})
+    assert e.values.tolist() == [["peak_tflops.bf16", -0.7], ["kernel_overhead_s", 0.1]]
