@@ -15,7 +15,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from aisim.console import console, guard, print_json, rich_table
+from aisim.console import console, guard, print_json, rich_table, wrote
 from aisim.options import FLAGS as KNOB_FLAGS
 from aisim.options import JsonOpt, SetOpt, StackOpt, knob_options, with_settings
 from simbase.errors import bad_value
@@ -146,12 +146,6 @@ def _library_args(params: dict, *own: str) -> dict:
     return {k: v for k, v in params.items() if k not in own}
 
 
-def _wrote(*paths: Path | None) -> None:
-    for p in paths:
-        if p is not None:
-            console.print(f"wrote {p}", highlight=False)
-
-
 @app.command("sweep")
 @knob_options(exclude=("num_gpus",))
 def sweep(
@@ -214,7 +208,7 @@ def sweep(
             print_json(result.document())
             return
         (_print_sizes if result.kind == "sizes" else _print_model)(result)
-        _wrote(out, plot)
+        wrote(out, plot)
 
 
 SHARES = {"compute_utilization_pct": "compute %", "compute_share_of_busy_pct": "compute/busy %",
@@ -224,16 +218,12 @@ SHARES = {"compute_utilization_pct": "compute %", "compute_share_of_busy_pct": "
 
 def _print_sizes(result) -> None:
     """The sizes sweep for people: one row per size and client, and a legend."""
-    s, df = result.setting, result.frame
-    rows = [
-        {"size": r["model_params"], "client": i, "total s": r["total_task_time_s"]}
-        | {short: r[f"client{i}_{k}"] for k, short in SHARES.items()}
-        for _, r in df.iterrows()
-        for i in range(1, result.num_sites + 1)
-    ]
+    s = result.setting
+    names = {"model_params": "size", "total_task_time_s": "total s"} | SHARES
     title = f"aisim collab sweep: {s['mode']}, {s['topology']}, {s['clients']} clients, "
     title += f"{s['rounds']:g} round(s)"
-    console.print(rich_table(_same_busy(pd.DataFrame(rows)), title=title, float_fmt="{:.2f}"))
+    table = _same_busy(result.client_shares().rename(columns=names))
+    console.print(rich_table(table, title=title, float_fmt="{:.2f}"))
     console.print(
         "shares of one synchronous round: compute % = compute / wall time; compute/busy % = "
         "compute / (wall time - waiting), shown where a client waits; comm % includes waiting; "
@@ -353,7 +343,7 @@ def fit(
             + (f"; wrote {out}" if out is not None else ""),
             highlight=False,
         )
-        _wrote(table_out)
+        wrote(table_out)
 
 
 @app.command("validate")
@@ -403,7 +393,7 @@ def validate(
             f"{v.heldout_max_abs_error_pp:.1f} pp",
             highlight=False,
         )
-        _wrote(out)
+        wrote(out)
 
 
 @app.command("measure-serde")
@@ -438,4 +428,4 @@ def measure_serde(
         df = pd.DataFrame(rows)[list(cols)].rename(columns=cols)
         title = f"aisim collab measure-serde (fp32 weights, median of {repeats})"
         console.print(rich_table(df, title=title, float_fmt="{:.4g}"))
-        _wrote(out)
+        wrote(out)

@@ -113,6 +113,13 @@ def _hint_with_flags(hint: str, flag) -> str:
     return hint.format_map(Flags())
 
 
+def wrote(*paths: Path | None, what: str = "") -> None:
+    """``wrote PATH`` for each file written (``None``: none), ``what`` before the path."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {what}{path}", highlight=False)
+
+
 def print_json(obj: Any) -> None:
     """Prints exactly one JSON document on stdout (no rich markup)."""
     typer.echo(to_json(obj))

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from aisim import perf_render as render
-from aisim.console import check_out_suffix, guard, print_json
+from aisim.console import check_out_suffix, guard, print_json, wrote
 from aisim.options import (
     FLAGS,
     OUTPUT,
@@ -221,8 +221,8 @@ def grid_command(
             print_json(doc)
             return
         render.print_sweep(doc, wide=wide)
-        render.wrote(out, f"{doc['feasible']} feasible strategies to ")
-        render.wrote(plot)
+        wrote(out, what=f"{doc['feasible']} feasible strategies to ")
+        wrote(plot)
 
 
 @app.command("sensitivity")
@@ -265,7 +265,7 @@ def sensitivity_command(
             print_json(doc)
             return
         render.print_sensitivity(doc)
-        render.wrote(out)
+        wrote(out)
 
 
 @app.command("compare")
@@ -317,5 +317,4 @@ def compare_command(
             print_json(doc)
             return
         render.print_compare(doc)
-        for path in (plot, out):
-            render.wrote(path)
+        wrote(plot, out)

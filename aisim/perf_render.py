@@ -5,7 +5,6 @@ summaries. Nothing here computes a result; `--json` prints the documents these r
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -20,12 +19,6 @@ from simbase.units import format_count
 
 # the hardware file's field paths (the other elasticities are the constants')
 HARDWARE_PREFIXES = ("peak_tflops.", "memory_bandwidth", "memory_capacity", "links.")
-
-
-def wrote(path: Path | None, what: str = "") -> None:
-    """``wrote PATH`` when a file was written."""
-    if path is not None:
-        console.print(f"wrote {what}{path}", highlight=False)
 
 
 def sweep_document(result: SweepResult) -> dict:
