@@ -11,7 +11,6 @@ import typer
 
 from aisim.calibrate_import import import_colossal_command, import_command
 from aisim.console import (
-    check_out_suffix,
     console,
     err_console,
     flag_names,
@@ -21,7 +20,7 @@ from aisim.console import (
 )
 from aisim.options import StackOpt
 from simbase.errors import bad_value
-from simbase.io import atomic_write_text, write_table
+from simbase.io import atomic_write_text, check_table_suffix, write_table
 
 app = typer.Typer(
     no_args_is_help=True, help="Fit the model's constants to measured runs; predict new ones."
@@ -104,7 +103,7 @@ def fit_command(
         from calibration import fit_measurements, parity_plot
         from perfmodel import load_hardware
 
-        check_out_suffix(out, (".json",))
+        check_table_suffix(out, (".json",))
         if plot is not None and plot.suffix.lower() != ".png":
             raise bad_value(None, "plot", str(plot), "a .png file name")
         hw_name = load_hardware(hardware).name if hardware else None
@@ -175,7 +174,7 @@ def predict_command(
     with guard(FLAGS):
         from calibration import predict_measurements, read_csv_cells
 
-        check_out_suffix(out)
+        check_table_suffix(out)
         df = _load(configs, "predict", skip_bad_rows, hardware=hardware, model=model, dtype=dtype,
                    stack=stack)  # fmt: skip
         table = predict_measurements(

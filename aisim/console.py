@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from simbase.errors import AisimError
-from simbase.io import TABLE_SUFFIXES, check_table_suffix, to_json
+from simbase.io import to_json
 
 # When the output is not a terminal (a pipe, a file, a test) rich would fall back to 80
 # columns and fold names; tables are wide, so give them room unless $COLUMNS says otherwise.
@@ -123,11 +123,6 @@ def wrote(*paths: Path | None, what: str = "") -> None:
 def print_json(obj: Any) -> None:
     """Prints exactly one JSON document on stdout (no rich markup)."""
     typer.echo(to_json(obj))
-
-
-def check_out_suffix(path: Path | None, allowed: tuple[str, ...] = TABLE_SUFFIXES) -> None:
-    """Validates an ``--out`` path's suffix before any work starts."""
-    check_table_suffix(path, allowed)
 
 
 def fitted_table(

@@ -15,7 +15,6 @@ from typing import Annotated
 import typer
 
 from aisim.console import (
-    check_out_suffix,
     console,
     err_console,
     flag_names,
@@ -24,7 +23,7 @@ from aisim.console import (
     rich_table,
 )
 from simbase.errors import AisimError, bad_value
-from simbase.io import write_table
+from simbase.io import check_table_suffix, write_table
 from simbase.parse import parse_int_list
 
 SHOWN = ("model", "hardware", "num_layers", "hidden_size", "num_gpus", "dp", "tp",
@@ -152,7 +151,7 @@ def measure(
             shape_columns,
         )  # fmt: skip
 
-        check_out_suffix(out)
+        check_table_suffix(out)
         if dtype not in COMPUTE_DTYPES:
             raise bad_value(None, "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
         if statistic not in STATISTICS:

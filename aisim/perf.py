@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from aisim import perf_render as render
-from aisim.console import check_out_suffix, guard, print_json, wrote
+from aisim.console import guard, print_json, wrote
 from aisim.options import (
     FLAGS,
     OUTPUT,
@@ -57,7 +57,7 @@ from perfmodel.search.figures import plot_compare, plot_sweep
 from perfmodel.search.sweep_grid import grid_lists
 from perfmodel.specs.stack_preset import with_caller_defaults
 from simbase.errors import bad_value
-from simbase.io import check_new_file, write_table
+from simbase.io import check_new_file, check_table_suffix, write_table
 from simbase.parse import split_list
 
 app = typer.Typer(no_args_is_help=True)
@@ -192,7 +192,7 @@ def grid_command(
     1024 x A100-80GB, global batch 1536)."""
     with guard(FLAGS):
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
-        check_out_suffix(out)
+        check_table_suffix(out)
         _check_png(plot)
         dims = (layers, hidden, heads, seq_len, vocab)
         models = [_model(n, model_file, params, dims=dims) for n in split_list(model) or [None]]
@@ -245,7 +245,7 @@ def sensitivity_command(
     """What limits a run: the elasticity of the step time to each hardware quantity and
     calibrated constant (jax.grad through the model), and what device memory changes."""
     with guard(FLAGS):
-        check_out_suffix(out)
+        check_table_suffix(out)
         m = _model(model, model_file)
         hw = resolve_hardware(hardware, hardware_file)
         preset = load_stack(stack, hw)
@@ -293,7 +293,7 @@ def compare_command(
 ) -> None:
     """Hardware side by side: each one's best strategy, time, cost and energy to train."""
     with guard(FLAGS):
-        check_out_suffix(out)
+        check_table_suffix(out)
         _check_png(plot)
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         devices = [resolve_hardware(h) for h in split_list(hardware) or []]
