@@ -30,9 +30,11 @@ def measured_shape(
 
     Args:
       spec: the preset's spec (``kind`` ``mlp`` or ``transformer``).
-      num_layers, hidden_size: layers and width (None: the preset's).
+      num_layers: layers (None: the preset's).
+      hidden_size: the width (None: the preset's).
       num_heads: attention heads; given, the key/value heads are as many (no grouping).
-      seq_len, vocab_size: tokens per sample and vocabulary (None: the preset's).
+      seq_len: tokens per sample (None: the preset's).
+      vocab_size: the vocabulary (None: the preset's).
       ffn_hidden_size: the MLP block's width (None: the preset's ratio to the hidden size).
 
     Returns:

@@ -116,7 +116,9 @@ def plan_options(
 
     Args:
       tokens: a token count such as ``"15T"``, or None.
-      price_per_gpu_hour_usd, utilisation_factor, pue: as :class:`PlanOptions` holds them.
+      price_per_gpu_hour_usd: USD per device-hour, >= 0, or None.
+      utilisation_factor: mean power draw over board power, in (0, 1], or None.
+      pue: the facility's power usage effectiveness, >= 1, or None.
 
     Returns:
       The :class:`PlanOptions`.

@@ -42,7 +42,8 @@ def estimate_document(
     """The ``aisim perf estimate --json`` document of one strategy.
 
     Args:
-      model, hardware: what runs (the hardware's price already the one to plan with).
+      model: the model.
+      hardware: the hardware (its price already the one to plan with).
       calibration: the constants to run with, their covariance and where they come from.
       knobs: the strategy's knobs (:func:`perfmodel.estimate`'s, any registry spelling).
       cost_model: ``aisim`` or ``distir``.
@@ -50,7 +51,8 @@ def estimate_document(
       tokens: tokens to train on; adds the plan (time, GPU-hours, cost and energy to train).
       failures: with ``tokens``, a failure model or a function of the hardware that makes one.
       sensitivity: add the step time's elasticities and what bounds the run.
-      utilisation_factor, pue: the plan's power assumptions (default: ``planning.json``'s).
+      utilisation_factor: mean power draw over board power (default: ``planning.json``'s).
+      pue: the facility's power usage effectiveness (default: ``planning.json``'s).
 
     Returns:
       :meth:`perfmodel.plan.estimate.Estimate.to_dict` with ``constants`` (status, reason),
@@ -93,13 +95,16 @@ def plan_grid(
     """Every strategy of the models on the hardware, ranked, each reported one annotated.
 
     Args:
-      models, hardware: the sweep's pairs (:func:`perfmodel.search.sweep`).
+      models: the models (:func:`perfmodel.search.sweep` pairs each with every hardware).
+      hardware: the hardware, each with its price to plan with.
       calibration_for: the constants of a hardware, with their covariance.
       cost_model: ``aisim`` or ``distir``.
       tokens: tokens to train on; adds each reported strategy's plan.
       failures: with ``tokens``, a failure model or a function of the hardware that makes one.
       sensitivity: add the elasticities of the best strategy to ``result.best``.
-      price_per_gpu_hour_usd, utilisation_factor, pue: the plan's options.
+      price_per_gpu_hour_usd: replaces each hardware's price (None: the preset's).
+      utilisation_factor: mean power draw over board power (default: ``planning.json``'s).
+      pue: the facility's power usage effectiveness (default: ``planning.json``'s).
       **sweep_args: :func:`perfmodel.plan.training.plan_sweep`'s other arguments (``rank_by``,
         ``top``, ``num_gpus``, ``global_batch``, ``stack``, knob restrictions ...).
 
