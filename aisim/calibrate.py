@@ -11,7 +11,6 @@ import typer
 
 from aisim.calibrate_import import import_colossal_command, import_command
 from aisim.console import (
-    check_out_suffix,
     console,
     err_console,
     flag_names,
@@ -21,7 +20,7 @@ from aisim.console import (
 )
 from aisim.options import StackOpt
 from simbase.errors import bad_value
-from simbase.io import atomic_write_text, write_table
+from simbase.io import atomic_write_text, check_table_suffix, write_table
 
 app = typer.Typer(
     no_args_is_help=True, help="Fit the model's constants to measured runs; predict new ones."
@@ -50,20 +49,23 @@ SkipOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
+# the prediction columns people see: these, and those that start with these prefixes
+SHOWN = ("model", "global_batch_size", "batch_size", "num_gpus", "world_size", "error_pct")
+SHOWN_PREFIXES = ("predicted_", "chosen_", "step_time_s_")
 # library argument names -> this area's flags, where they differ from --name-with-dashes
 FLAGS = flag_names(free="--fit")
 
 
-def _defaults(hardware, model, dtype, stack=None) -> dict[str, str]:
-    given = (("hardware", hardware), ("model", model), ("dtype", dtype), ("stack", stack))
-    return {k: v for k, v in given if v}
+def _load(path: Path, purpose: str, skip_bad_rows: bool, **defaults) -> pd.DataFrame:
+    """The measurement table (blank cells take the options' ``defaults``); each row skipped
+    (``--skip-bad-rows``) is one yellow line on stderr."""
+    from calibration import load_measurements
 
-
-def _warn_skipped(df: pd.DataFrame) -> list[str]:
-    skipped = list(df.attrs.get("skipped", []))
-    for msg in skipped:
+    given = {k: v for k, v in defaults.items() if v}
+    df = load_measurements(path, skip_bad_rows=skip_bad_rows, purpose=purpose, defaults=given)
+    for msg in df.attrs.get("skipped", []):
         err_console.print(f"[yellow]skipped[/yellow] {msg}", highlight=False, soft_wrap=True)
-    return skipped
+    return df
 
 
 @app.command("fit")
@@ -98,20 +100,15 @@ def fit_command(
 ) -> None:
     """Fit the constants to measured step times; report in-sample and held-out error."""
     with guard(FLAGS):
-        from calibration import fit_measurements, load_measurements, parity_plot
+        from calibration import fit_measurements, parity_plot
         from perfmodel import load_hardware
 
-        check_out_suffix(out, (".json",))
+        check_table_suffix(out, (".json",))
         if plot is not None and plot.suffix.lower() != ".png":
             raise bad_value(None, "plot", str(plot), "a .png file name")
         hw_name = load_hardware(hardware).name if hardware else None
-        df = load_measurements(
-            measurements,
-            skip_bad_rows=skip_bad_rows,
-            purpose="fit",
-            defaults=_defaults(hw_name, model, dtype, stack),
-        )
-        _warn_skipped(df)
+        df = _load(measurements, "fit", skip_bad_rows, hardware=hw_name, model=model, dtype=dtype,
+                   stack=stack)  # fmt: skip
         run = fit_measurements(df, hardware=hw_name, free=fit, seed=seed, source=str(measurements))
         result = run.result
         if out is not None:
@@ -146,17 +143,8 @@ def _print_fit(run) -> None:
     console.print(
         f"in-sample MAPE {_fmt(result.in_sample_mape_pct)}%, max {_fmt(result.in_sample_max_error_pct)}%"
     )
-    rows = [
-        {
-            "constant": k,
-            "value": v["value"],
-            "stddev": v["stddev"] if v["stddev"] is not None else np.nan,
-        }
-        for k, v in run.document()["constants"].items()
-    ]
-    console.print(
-        rich_table(pd.DataFrame(rows), title="fitted constants (SI units, 1σ from the Hessian)")
-    )
+    title = "fitted constants (SI units, 1σ from the Hessian)"
+    console.print(rich_table(run.constants_table(), title=title))
 
 
 @app.command("predict")
@@ -184,16 +172,11 @@ def predict_command(
 ) -> None:
     """Predict step time, throughput and TFLOPS per GPU of each row (blank knobs searched)."""
     with guard(FLAGS):
-        from calibration import load_measurements, predict_measurements, read_csv_cells
+        from calibration import predict_measurements, read_csv_cells
 
-        check_out_suffix(out)
-        df = load_measurements(
-            configs,
-            skip_bad_rows=skip_bad_rows,
-            purpose="predict",
-            defaults=_defaults(hardware, model, dtype, stack),
-        )
-        _warn_skipped(df)
+        check_table_suffix(out)
+        df = _load(configs, "predict", skip_bad_rows, hardware=hardware, model=model, dtype=dtype,
+                   stack=stack)  # fmt: skip
         table = predict_measurements(
             df, hardware=hardware, profile=profile, raw=read_csv_cells(configs)
         )
@@ -202,13 +185,7 @@ def predict_command(
         if json_:
             print_json({"rows": len(table), "predictions": table.to_dict(orient="records")})
             return
-        show = [
-            c
-            for c in table.columns
-            if c.startswith(("predicted_", "chosen_", "step_time_s_"))
-            or c
-            in ("model", "global_batch_size", "batch_size", "num_gpus", "world_size", "error_pct")
-        ]
+        show = [c for c in table.columns if c.startswith(SHOWN_PREFIXES) or c in SHOWN]
         console.print(rich_table(table[show], title=f"predictions for {configs.name}"))
 
 

@@ -22,7 +22,6 @@ from rich import box
 from rich.markup import escape
 
 from aisim.console import (
-    check_out_suffix,
     console,
     fitted_table,
     guard,
@@ -32,7 +31,7 @@ from aisim.console import (
 )
 from aisim.options import knob_options
 from perfmodel.specs.knobs import BY_NAME
-from simbase.io import write_table
+from simbase.io import check_table_suffix, write_table
 
 # measurement column -> header of the printed table, in order
 SHOWN_LOGS = {"source": "log", "format": "format", "model": "model", "hardware": "hardware",
@@ -86,7 +85,7 @@ def import_colossal_command(
     from calibration import import_logs
 
     with guard():
-        check_out_suffix(out)
+        check_table_suffix(out)
         overrides = dict(
             plugin=plugin, tp=tp, pp=pp, zero=zero, batch_size=batch_size,
             global_batch_size=global_batch_size, num_gpus=num_gpus, nnodes=nnodes, model=model,
@@ -163,7 +162,7 @@ def import_command(
     from calibration.logs import import_logs
 
     with guard():
-        check_out_suffix(out)
+        check_table_suffix(out)
         overrides = dict(model=model, hardware=hardware, seq_len=seq_len)
         for name, value in knobs.items():  # the registry reads them as the log rows hold them
             knob = BY_NAME[name]

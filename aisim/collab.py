@@ -15,7 +15,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from aisim.console import console, guard, print_json, rich_table
+from aisim.console import console, guard, print_json, rich_table, wrote
 from aisim.options import FLAGS as KNOB_FLAGS
 from aisim.options import JsonOpt, SetOpt, StackOpt, knob_options, with_settings
 from simbase.errors import bad_value
@@ -140,10 +140,10 @@ def _check_paths(out=None, plot=None, table_out=None, json_out=None) -> None:
             raise bad_value(None, field, str(path), "a file name ending in " + ", ".join(suffixes))
 
 
-def _wrote(*paths: Path | None) -> None:
-    for p in paths:
-        if p is not None:
-            console.print(f"wrote {p}", highlight=False)
+def _library_args(params: dict, *own: str) -> dict:
+    """A command's parameters (its ``locals()`` on entry) but ``own``, the ones the command
+    handles itself: the rest are the library function's keyword arguments, by the same names."""
+    return {k: v for k, v in params.items() if k not in own}
 
 
 @app.command("sweep")
@@ -191,6 +191,7 @@ def sweep(
 ) -> None:
     """One row per model size (square MLPs), or with --model one row per inner-step count and
     WAN rate: round time, compute utilisation and each site's shares of the round."""
+    args = _library_args(locals(), "knobs", "settings", "microbatches", "json_out", "out", "plot")
     import collab
     from collab.figures import plot_sweep
 
@@ -198,19 +199,7 @@ def sweep(
         _check_paths(out=out, plot=plot)
         if microbatches is not None:  # the earlier spelling of --num-microbatches
             knobs = {"num_microbatches": microbatches} | knobs
-        result = collab.run_sweep(
-            sizes=sizes, model=model, rounds=rounds, tokens=tokens, profile=profile,
-            knobs=with_settings(knobs, settings), stack=stack, layers=layers, seq_len=seq_len,
-            clients=clients, client_hardware=client_hardware, devices=devices,
-            batch_size=batch_size, local_samples=local_samples, local_steps=local_steps,
-            inner_step_time=inner_step_time, wan_bandwidth=wan_bandwidth, wan_up=wan_up,
-            wan_down=wan_down, wan_latency_ms=wan_latency_ms, wan_efficiency=wan_efficiency,
-            tcp_window=tcp_window, server_bandwidth=server_bandwidth, mode=mode,
-            topology=topology, compression=compression, topk_fraction=topk_fraction,
-            fragments=fragments, overlap=overlap, churn=churn, deadline=deadline,
-            round_window=round_window, aggregator_hardware=aggregator_hardware,
-            serde_format=serde_format,
-        )  # fmt: skip
+        result = collab.run_sweep(knobs=with_settings(knobs, settings), **args)
         if out is not None:
             write_table(result.frame, out)
         if plot is not None:
@@ -219,7 +208,7 @@ def sweep(
             print_json(result.document())
             return
         (_print_sizes if result.kind == "sizes" else _print_model)(result)
-        _wrote(out, plot)
+        wrote(out, plot)
 
 
 SHARES = {"compute_utilization_pct": "compute %", "compute_share_of_busy_pct": "compute/busy %",
@@ -229,16 +218,12 @@ SHARES = {"compute_utilization_pct": "compute %", "compute_share_of_busy_pct": "
 
 def _print_sizes(result) -> None:
     """The sizes sweep for people: one row per size and client, and a legend."""
-    s, df = result.setting, result.frame
-    rows = [
-        {"size": r["model_params"], "client": i, "total s": r["total_task_time_s"]}
-        | {short: r[f"client{i}_{k}"] for k, short in SHARES.items()}
-        for _, r in df.iterrows()
-        for i in range(1, result.num_sites + 1)
-    ]
+    s = result.setting
+    names = {"model_params": "size", "total_task_time_s": "total s"} | SHARES
     title = f"aisim collab sweep: {s['mode']}, {s['topology']}, {s['clients']} clients, "
     title += f"{s['rounds']:g} round(s)"
-    console.print(rich_table(_same_busy(pd.DataFrame(rows)), title=title, float_fmt="{:.2f}"))
+    table = _same_busy(result.client_shares().rename(columns=names))
+    console.print(rich_table(table, title=title, float_fmt="{:.2f}"))
     console.print(
         "shares of one synchronous round: compute % = compute / wall time; compute/busy % = "
         "compute / (wall time - waiting), shown where a client waits; comm % includes waiting; "
@@ -330,19 +315,13 @@ def fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Fit the collaboration constants to a table of per-client shares; print fitted vs given."""
+    args = _library_args(locals(), "seed", "microbatches", "out", "table_out", "json_out")
+    args["num_microbatches"] = num_microbatches or microbatches
     import collab
 
     with guard(FLAGS):
         _check_paths(table_out=table_out, json_out=out)
-        result, doc = collab.fit_from_text(
-            seed, rounds=rounds, clients=clients, client_hardware=client_hardware,
-            devices=devices, batch_size=batch_size, local_samples=local_samples,
-            local_steps=local_steps, wan_bandwidth=wan_bandwidth, wan_up=wan_up,
-            wan_down=wan_down, wan_latency_ms=wan_latency_ms, mode=mode, topology=topology,
-            compression=compression, topk_fraction=topk_fraction,
-            num_microbatches=num_microbatches or microbatches,
-            aggregator_hardware=aggregator_hardware, dtype=dtype, serde_format=serde_format,
-        )  # fmt: skip
+        result, doc = collab.fit_from_text(seed, **args)
         if out is not None:
             atomic_write_text(out, to_json(doc) + "\n")
         if table_out is not None:
@@ -364,7 +343,7 @@ def fit(
             + (f"; wrote {out}" if out is not None else ""),
             highlight=False,
         )
-        _wrote(table_out)
+        wrote(table_out)
 
 
 @app.command("validate")
@@ -414,7 +393,7 @@ def validate(
             f"{v.heldout_max_abs_error_pp:.1f} pp",
             highlight=False,
         )
-        _wrote(out)
+        wrote(out)
 
 
 @app.command("measure-serde")
@@ -449,4 +428,4 @@ def measure_serde(
         df = pd.DataFrame(rows)[list(cols)].rename(columns=cols)
         title = f"aisim collab measure-serde (fp32 weights, median of {repeats})"
         console.print(rich_table(df, title=title, float_fmt="{:.4g}"))
-        _wrote(out)
+        wrote(out)

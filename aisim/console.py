@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from simbase.errors import AisimError
-from simbase.io import TABLE_SUFFIXES, check_table_suffix, to_json
+from simbase.io import to_json
 
 # When the output is not a terminal (a pipe, a file, a test) rich would fall back to 80
 # columns and fold names; tables are wide, so give them room unless $COLUMNS says otherwise.
@@ -113,14 +113,16 @@ def _hint_with_flags(hint: str, flag) -> str:
     return hint.format_map(Flags())
 
 
+def wrote(*paths: Path | None, what: str = "") -> None:
+    """``wrote PATH`` for each file written (``None``: none), ``what`` before the path."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {what}{path}", highlight=False)
+
+
 def print_json(obj: Any) -> None:
     """Prints exactly one JSON document on stdout (no rich markup)."""
     typer.echo(to_json(obj))
-
-
-def check_out_suffix(path: Path | None, allowed: tuple[str, ...] = TABLE_SUFFIXES) -> None:
-    """Validates an ``--out`` path's suffix before any work starts."""
-    check_table_suffix(path, allowed)
 
 
 def fitted_table(

@@ -15,7 +15,6 @@ from typing import Annotated
 import typer
 
 from aisim.console import (
-    check_out_suffix,
     console,
     err_console,
     flag_names,
@@ -24,7 +23,7 @@ from aisim.console import (
     rich_table,
 )
 from simbase.errors import AisimError, bad_value
-from simbase.io import write_table
+from simbase.io import check_table_suffix, write_table
 from simbase.parse import parse_int_list
 
 SHOWN = ("model", "hardware", "num_layers", "hidden_size", "num_gpus", "dp", "tp",
@@ -53,49 +52,20 @@ def _positive_ints(text: str, field: str) -> list[int]:
 
 def _shape(model: str | None, params: str | None, layers, hidden, heads, seq_len, vocab, ffn):
     """(model column, Shape) from a preset with overrides, or a square MLP of ``params``."""
-    from calibration import Shape
+    from calibration import measured_shape
     from perfmodel import load_model, mlp_from_params
 
     if (model is None) == (params is None):
         raise AisimError("give exactly one of --model NAME or --params COUNT (e.g. --params 20M)")
-    if params is not None:
-        spec = mlp_from_params(params).spec
-        name = "custom"
-    else:
-        name = model.strip().lower()
-        spec = load_model(name).spec
-    kind = spec.kind
-
-    def dim(value, field):
-        return int(value) if value is not None else int(round(float(getattr(spec, field))))
-
-    if kind == "mlp":
-        for opt, v in (("--heads", heads), ("--seq-len", seq_len), ("--vocab", vocab),
-                       ("--ffn", ffn)):  # fmt: skip
-            if v is not None:
-                raise bad_value(
-                    None, opt[2:].replace("-", "_"), v, "no value: an MLP has no such dimension"
-                )
-        shape = Shape(kind="mlp", num_layers=dim(layers, "num_layers"),
-                      hidden_size=dim(hidden, "hidden_size"), bias=False)  # fmt: skip
-        if params is None and float(spec.input_size) != float(spec.output_size):
-            raise AisimError(f"--model {name}: only square MLPs are measured (input = output)")
-    else:
-        h = dim(hidden, "hidden_size")
-        n_heads = dim(heads, "num_heads")
-        kv = dim(None, "num_kv_heads") if heads is None else n_heads
-        ratio = float(spec.ffn_hidden_size) / float(spec.hidden_size)
-        shape = Shape(
-            kind="transformer", num_layers=dim(layers, "num_layers"), hidden_size=h,
-            num_heads=n_heads, num_kv_heads=kv,
-            ffn_hidden_size=int(ffn) if ffn is not None else int(round(ratio * h)),
-            seq_len=dim(seq_len, "seq_len"), vocab_size=dim(vocab, "vocab_size"),
-            gated_mlp=bool(float(spec.gated_mlp)), bias=bool(float(spec.bias)),
-            tied_embeddings=bool(float(spec.tied_embeddings)),
-            learned_pos_emb=bool(float(spec.learned_pos_emb)),
-        )  # fmt: skip
-        if h % n_heads or n_heads % kv:
-            raise bad_value(None, "num_heads", n_heads, f"a divisor of --hidden {h}")
+    name = "custom" if params is not None else model.strip().lower()
+    spec = mlp_from_params(params).spec if params is not None else load_model(name).spec
+    shape = measured_shape(spec, num_layers=layers, hidden_size=hidden, num_heads=heads,
+                           seq_len=seq_len, vocab_size=vocab, ffn_hidden_size=ffn)  # fmt: skip
+    if spec.kind == "mlp" and params is None and float(spec.input_size) != float(spec.output_size):
+        raise AisimError(f"--model {name}: only square MLPs are measured (input = output)")
+    h, n_heads = shape.hidden_size, shape.num_heads
+    if spec.kind != "mlp" and (h % n_heads or n_heads % shape.num_kv_heads):
+        raise bad_value(None, "num_heads", n_heads, f"a divisor of --hidden {h}")
     if shape.num_layers < 1 or shape.hidden_size < 1:
         raise AisimError("--layers and --hidden must be positive")
     return name, shape
@@ -181,7 +151,7 @@ def measure(
             shape_columns,
         )  # fmt: skip
 
-        check_out_suffix(out)
+        check_table_suffix(out)
         if dtype not in COMPUTE_DTYPES:
             raise bad_value(None, "dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
         if statistic not in STATISTICS:

@@ -20,7 +20,6 @@ import typer
 
 from perfmodel.specs.knobs import KNOBS, PANELS, canonical
 from simbase.errors import bad_value
-from simbase.parse import bool_word, parse_int_list, split_list
 
 Multi = list[str] | None
 MODEL, HARDWARE, PLANNING, OUTPUT = "Model", "Hardware", "Planning", "Output"
@@ -189,9 +188,10 @@ def knob_options(
     """Adds an option per registry knob to a command whose function takes ``knobs``.
 
     Args:
-      many: a grid: each option takes several values (see :func:`grid_values`).
+      many: a grid: each option takes several values
+        (:func:`perfmodel.search.sweep_grid.grid_lists` reads them).
       defaults: the command's own defaults, shown in ``--help`` (the command applies them:
-        :func:`with_defaults`).
+        :func:`perfmodel.specs.stack_preset.with_caller_defaults`).
       exclude: knobs the command does not take (a grid derives ``dp`` and the microbatches).
       include: only these knobs (a command that overrides some knobs of a file's rows).
     """
@@ -233,13 +233,6 @@ def knob_options(
     return wrap
 
 
-def with_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack) -> dict[str, Any]:
-    """The knobs given, over the command's defaults, except those the stack preset's recipe
-    chooses (a framework's recomputation or ZeRO stage wins over the command's)."""
-    own = {d.knob for d in getattr(stack, "defaults", ())}
-    return {k: v for k, v in defaults.items() if k not in own} | knobs
-
-
 def with_settings(knobs: dict[str, Any], settings: list[str] | None) -> dict[str, Any]:
     """The knobs with each ``--set KNOB=VALUE`` added (any registry spelling of the knob).
 
@@ -259,32 +252,6 @@ def with_settings(knobs: dict[str, Any], settings: list[str] | None) -> dict[str
         if name in knobs:
             raise bad_value(None, "set", item, f"one value of {name}: its option gives one too")
         out[name] = value.strip()
-    return out
-
-
-def grid_values(knobs: dict[str, Any]) -> dict[str, list]:
-    """A grid's options as lists of values: integers (``64,128,...,1024`` continues a series),
-    on/off/both for switches, the words of the others."""
-    by_name = {k.name: k for k in KNOBS}
-    out: dict[str, list] = {}
-    for name, raw in knobs.items():
-        knob = by_name[name]
-        parts = split_list(raw if isinstance(raw, list) else [str(raw)])
-        if parts is None:
-            continue
-        if knob.kind is int:
-            minimum = 0 if knob.minimum == 0 else 1
-            out[name] = parse_int_list(",".join(parts), name, minimum=minimum)
-        elif knob.kind is bool:
-            values: list[bool] = []
-            for p in parts:
-                word = None if p.lower() == "both" else bool_word(p)
-                if p.lower() != "both" and word is None:
-                    raise bad_value(None, name, p, "on, off or both")
-                values += [False, True] if word is None else [word]
-            out[name] = values
-        else:
-            out[name] = parts
     return out
 
 

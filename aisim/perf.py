@@ -9,15 +9,13 @@ Each command parses its options, calls one library function of :mod:`perfmodel` 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from aisim import perf_render as render
-from aisim.common import resolve_calibration, resolve_constants
-from aisim.console import check_out_suffix, guard, print_json
+from aisim.console import guard, print_json, wrote
 from aisim.options import (
     FLAGS,
     OUTPUT,
@@ -46,64 +44,55 @@ from aisim.options import (
     VocabOpt,
     WidthsOpt,
     failure_options,
-    grid_values,
     knob_options,
-    with_defaults,
     with_settings,
 )
-from perfmodel import estimate, load_stack, resolve_hardware, resolve_model
-from perfmodel.plan.annotate import add_intervals, add_plan, annotate_sweep
-from perfmodel.plan.compare import COMPARE_KEYS, compare_hardware
-from perfmodel.plan.sensitivity import elasticities, estimate_row, sensitivity_report
-from perfmodel.plan.training import check_plan_options, parse_tokens, plan_sweep, with_price
+from calibration.profile import run_constants
+from perfmodel import load_stack, resolve_hardware, resolve_model
+from perfmodel.plan.compare import compare_hardware, compare_table
+from perfmodel.plan.options import plan_options, with_price
+from perfmodel.plan.reports import estimate_document, plan_grid
+from perfmodel.plan.sensitivity import elasticity_table, sensitivity_report
 from perfmodel.search.figures import plot_compare, plot_sweep
+from perfmodel.search.sweep_grid import grid_lists
+from perfmodel.specs.stack_preset import with_caller_defaults
 from simbase.errors import bad_value
-from simbase.io import check_new_file, write_table
+from simbase.io import check_new_file, check_table_suffix, write_table
 from simbase.parse import split_list
 
 app = typer.Typer(no_args_is_help=True)
 
 # what `aisim perf estimate` and `sensitivity` evaluate when not told: the README's GPT-3 run
 ONE_RUN = dict(num_gpus=1024, tp=8, pp=8, global_batch_size=1536, recompute="full")
-TopOpt = Annotated[
-    int, typer.Option("--top", help="How many strategies to show.", rich_help_panel=OUTPUT)
-]
-RankOpt = Annotated[
-    str,
-    typer.Option("--rank-by", rich_help_panel=OUTPUT,
-                 help="throughput, cost, mfu, or (with --tokens) time, cost or energy to train."),
-]  # fmt: skip
-PlotOpt = Annotated[
-    Path | None, typer.Option("--plot", help="Write a PNG figure.", rich_help_panel=OUTPUT)
-]
-WideOpt = Annotated[
-    bool,
-    typer.Option(
-        "--wide", help="Show every column, even wider than the terminal.", rich_help_panel=OUTPUT
-    ),
-]
-CrossNodeOpt = Annotated[
-    bool,
-    typer.Option("--allow-cross-node-tp", rich_help_panel="Layout",
-                 help="Let tensor parallelism span nodes."),
-]  # fmt: skip
 
-
-@dataclasses.dataclass
-class Plan:
-    """The planning options of a command, checked at construction."""
-
-    tokens: str | None
-    price: float | None
-    utilisation: float | None
-    pue: float | None
-
-    def __post_init__(self) -> None:
-        check_plan_options(self.price, self.utilisation, self.pue)
-        self.count = None if self.tokens is None else parse_tokens(self.tokens)
-
-    def args(self) -> dict:
-        return dict(utilisation_factor=self.utilisation, pue=self.pue)
+# fmt: off
+TopOpt = Annotated[int, typer.Option("--top", help="How many strategies to show.",
+                                     rich_help_panel=OUTPUT)]
+RankOpt = Annotated[str, typer.Option("--rank-by", rich_help_panel=OUTPUT, help="throughput, cost, "
+                                      "mfu, or (with --tokens) time, cost or energy to train.")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG figure.",
+                                              rich_help_panel=OUTPUT)]
+WideOpt = Annotated[bool, typer.Option("--wide", rich_help_panel=OUTPUT,
+                                       help="Show every column, even wider than the terminal.")]
+CrossNodeOpt = Annotated[bool, typer.Option("--allow-cross-node-tp", rich_help_panel="Layout",
+                                            help="Let tensor parallelism span nodes.")]
+GridOutOpt = Annotated[Path | None, typer.Option("--out", rich_help_panel=OUTPUT,
+                       help="Write every feasible strategy (.csv, .parquet or .json).")]
+BestOpt = Annotated[bool, typer.Option("--best", rich_help_panel="Layout",
+                    help="Search the grid at this GPU count and batch; study its best.")]
+CapacityOpt = Annotated[bool, typer.Option("--capacity/--no-capacity", rich_help_panel=OUTPUT,
+                        help="Also what device memory changes.")]
+CompareHwOpt = Annotated[list[str], typer.Option("--hardware", rich_help_panel="Hardware",
+                         help="Hardware presets to compare, comma-separated.")]
+CompareTokensOpt = Annotated[str, typer.Option("--tokens", rich_help_panel="Planning",
+                             help="Tokens to train on, e.g. 15T or 300B.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", rich_help_panel="Layout",
+                    help="Total devices on each hardware.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch", rich_help_panel="Batching",
+                     help="Samples per optimiser step.")]
+CompareRankOpt = Annotated[str, typer.Option("--rank-by", rich_help_panel=OUTPUT,
+                           help="Each hardware's best by time, cost or energy.")]
+# fmt: on
 
 
 def _model(model, model_file, params=None, widths=None, dims=()):
@@ -150,22 +139,16 @@ def estimate_command(
 ) -> None:
     """Step-time breakdown, throughput, MFU and memory of one strategy."""
     with guard(FLAGS):
-        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
+        plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         m = _model(model, model_file, params, widths, (layers, hidden, heads, seq_len, vocab))
         hw = with_price(resolve_hardware(hardware, hardware_file), price_per_gpu_hour)
         preset = load_stack(stack, hw)
-        cal = resolve_calibration(hw, profile, preset)
-        consts, cov = cal.constants, cal.covariance
-        given = with_defaults(with_settings(knobs, settings), ONE_RUN, preset)
-        est = estimate(m, hw, constants=consts, cost_model=cost_model, stack=preset, **given)
-        doc = est.to_dict()
-        doc["constants"] = cal.to_dict()
-        add_intervals(doc, est, consts, cov)
-        if plan.count is not None:
-            dof = None if cov is None else cov.dof
-            add_plan(doc, hw, plan.count, failures=failures, dof=dof, **plan.args())
-        if sensitivity:
-            doc.update(elasticities(m, hw, consts, est.strategy, cost_model).to_dict())
+        doc = estimate_document(
+            m, hw, run_constants(hw, profile, preset),
+            with_caller_defaults(with_settings(knobs, settings), ONE_RUN, preset),
+            cost_model=cost_model, stack=preset, tokens=plan.tokens, failures=failures,
+            sensitivity=sensitivity, **plan.power(),
+        )  # fmt: skip
         if json_out:
             print_json(doc)
             return
@@ -200,14 +183,7 @@ def grid_command(
     top: TopOpt = 10,
     rank_by: RankOpt = "throughput",
     sensitivity: SensitivityOpt = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            rich_help_panel=OUTPUT,
-            help="Write every feasible strategy (.csv, .parquet or .json).",
-        ),
-    ] = None,
+    out: GridOutOpt = None,
     plot: PlotOpt = None,
     wide: WideOpt = False,
     json_out: JsonOpt = False,
@@ -215,8 +191,8 @@ def grid_command(
     """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
     1024 x A100-80GB, global batch 1536)."""
     with guard(FLAGS):
-        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
-        check_out_suffix(out)
+        plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
+        check_table_suffix(out)
         _check_png(plot)
         dims = (layers, hidden, heads, seq_len, vocab)
         models = [_model(n, model_file, params, dims=dims) for n in split_list(model) or [None]]
@@ -224,38 +200,18 @@ def grid_command(
             with_price(resolve_hardware(h, hardware_file), price_per_gpu_hour)
             for h in (split_list(hardware) or [None])[: 1 if hardware_file else None]
         ]
-        values = grid_values(with_settings(knobs, settings))
+        values = grid_lists(with_settings(knobs, settings))
         preset = load_stack(stack, devices[0])
-
-        def consts(hw):
-            return resolve_constants(hw, profile, preset)
-
-        def cov_for(hw):
-            return resolve_calibration(hw, profile, preset).covariance
-
         with render.SweepProgress(enabled=not json_out) as progress:
-            result = plan_sweep(
-                models, devices, tokens=plan.count, price_per_gpu_hour_usd=price_per_gpu_hour,
-                num_gpus=values.pop("num_gpus", None),
-                global_batch=values.pop("global_batch_size", None),
-                constants=consts, cost_model=cost_model, top=top,
-                rank_by=rank_by, keep_all=out is not None,
-                allow_cross_node_tp=allow_cross_node_tp, progress=progress,
-                stack=preset, failures=failures if plan.count else None,
-                **plan.args(), **values,
+            result = plan_grid(
+                models, devices, tokens=plan.tokens,
+                calibration_for=lambda hw: run_constants(hw, profile, preset),
+                price_per_gpu_hour_usd=price_per_gpu_hour, num_gpus=values.pop("num_gpus", None),
+                global_batch=values.pop("global_batch_size", None), cost_model=cost_model,
+                top=top, rank_by=rank_by, keep_all=out is not None,
+                allow_cross_node_tp=allow_cross_node_tp, progress=progress, stack=preset,
+                failures=failures, sensitivity=sensitivity, **plan.power(), **values,
             )  # fmt: skip
-        annotate_sweep(
-            result, cost_model, constants_for=consts, cov_for=cov_for, tokens=plan.count,
-            price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.args(),
-        )  # fmt: skip
-        if sensitivity:
-            best = result.best
-            pair = next(p for p in result.searches if p.hardware.name == best["hardware"])
-            c = consts(pair.hardware)
-            est = estimate_row(best, pair.model, pair.hardware, c)
-            best.update(
-                elasticities(pair.model, pair.hardware, c, est.strategy, cost_model).to_dict()
-            )
         doc = render.sweep_document(result)
         if out is not None and result.all_feasible is not None:
             write_table(result.all_feasible, out)
@@ -265,8 +221,8 @@ def grid_command(
             print_json(doc)
             return
         render.print_sweep(doc, wide=wide)
-        render.wrote(out, f"{doc['feasible']} feasible strategies to ")
-        render.wrote(plot)
+        wrote(out, what=f"{doc['feasible']} feasible strategies to ")
+        wrote(plot)
 
 
 @app.command("sensitivity")
@@ -281,49 +237,35 @@ def sensitivity_command(
     cost_model: CostModelOpt = "aisim",
     stack: StackOpt = None,
     settings: SetOpt = None,
-    best: Annotated[
-        bool,
-        typer.Option(
-            "--best",
-            rich_help_panel="Layout",
-            help="Search the grid at this GPU count and batch; study its best.",
-        ),
-    ] = False,
-    capacity: Annotated[
-        bool,
-        typer.Option(
-            "--capacity/--no-capacity",
-            rich_help_panel=OUTPUT,
-            help="Also what device memory changes.",
-        ),
-    ] = True,
+    best: BestOpt = False,
+    capacity: CapacityOpt = True,
     out: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """What limits a run: the elasticity of the step time to each hardware quantity and
     calibrated constant (jax.grad through the model), and what device memory changes."""
     with guard(FLAGS):
-        check_out_suffix(out)
+        check_table_suffix(out)
         m = _model(model, model_file)
         hw = resolve_hardware(hardware, hardware_file)
         preset = load_stack(stack, hw)
         given = with_settings(knobs, settings)
         if not best:  # the grid searches what the user did not fix
-            given = with_defaults(given, ONE_RUN, preset)
+            given = with_caller_defaults(given, ONE_RUN, preset)
         gpus = given.pop("num_gpus", ONE_RUN["num_gpus"])
         batch = given.pop("global_batch_size", ONE_RUN["global_batch_size"])
         doc = sensitivity_report(
-            m, hw, resolve_constants(hw, profile, preset), num_gpus=int(gpus),
+            m, hw, run_constants(hw, profile, preset).constants, num_gpus=int(gpus),
             global_batch=int(batch),
             knobs=given, best=best, capacity=capacity, cost_model=cost_model, stack=preset,
         )  # fmt: skip
         if out is not None:
-            write_table(render.elasticity_frame(doc), out)
+            write_table(elasticity_table(doc), out)
         if json_out:
             print_json(doc)
             return
         render.print_sensitivity(doc)
-        render.wrote(out)
+        wrote(out)
 
 
 @app.command("compare")
@@ -331,40 +273,13 @@ def sensitivity_command(
 @failure_options
 def compare_command(
     knobs: dict,
-    hardware: Annotated[
-        list[str],
-        typer.Option(
-            "--hardware",
-            rich_help_panel="Hardware",
-            help="Hardware presets to compare, comma-separated.",
-        ),
-    ],
-    tokens: Annotated[
-        str,
-        typer.Option(
-            "--tokens", rich_help_panel="Planning", help="Tokens to train on, e.g. 15T or 300B."
-        ),
-    ],
+    hardware: CompareHwOpt,
+    tokens: CompareTokensOpt,
     model: ModelOpt = None,
     model_file: ModelFileOpt = None,
-    gpus: Annotated[
-        int,
-        typer.Option("--gpus", rich_help_panel="Layout", help="Total devices on each hardware."),
-    ] = 1024,
-    global_batch: Annotated[
-        int,
-        typer.Option(
-            "--global-batch", rich_help_panel="Batching", help="Samples per optimiser step."
-        ),
-    ] = 1536,
-    rank_by: Annotated[
-        str,
-        typer.Option(
-            "--rank-by",
-            rich_help_panel=OUTPUT,
-            help="Each hardware's best by time, cost or energy.",
-        ),
-    ] = "time",
+    gpus: GpusOpt = 1024,
+    global_batch: BatchOpt = 1536,
+    rank_by: CompareRankOpt = "time",
     profile: ProfileOpt = None,
     stack: StackOpt = None,
     settings: SetOpt = None,
@@ -378,9 +293,9 @@ def compare_command(
 ) -> None:
     """Hardware side by side: each one's best strategy, time, cost and energy to train."""
     with guard(FLAGS):
-        check_out_suffix(out)
+        check_table_suffix(out)
         _check_png(plot)
-        plan = Plan(tokens, price_per_gpu_hour, utilisation, pue)
+        plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         devices = [resolve_hardware(h) for h in split_list(hardware) or []]
         preset = load_stack(stack, devices[0] if devices else None)
         given = with_settings(knobs, settings)
@@ -388,20 +303,18 @@ def compare_command(
             if name in given:  # compare's own option, one value for every hardware
                 raise bad_value(None, "set", f"{name}={given[name]}", f"{option} instead")
         doc = compare_hardware(
-            _model(model, model_file), devices, tokens=plan.count, num_gpus=gpus,
+            _model(model, model_file), devices, tokens=plan.tokens, num_gpus=gpus,
             global_batch=global_batch, rank_by=rank_by,
-            constants_for=lambda hw: resolve_constants(hw, profile, preset), stack=preset,
-            price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.args(),
-            **grid_values(given),
+            constants_for=lambda hw: run_constants(hw, profile, preset).constants, stack=preset,
+            price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.power(),
+            **grid_lists(given),
         )  # fmt: skip
         if plot is not None:
             plot_compare(doc, plot)
         if out is not None:
-            rows = [{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]]
-            write_table(render.frame(rows), out)
+            write_table(compare_table(doc), out)
         if json_out:
             print_json(doc)
             return
         render.print_compare(doc)
-        for path in (plot, out):
-            render.wrote(path)
+        wrote(plot, out)

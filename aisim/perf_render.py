@@ -5,10 +5,8 @@ summaries. Nothing here computes a result; `--json` prints the documents these r
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from rich.table import Table
 
 from aisim.console import COMPACT, console, err_console, fitted_table, print_table
@@ -21,16 +19,6 @@ from simbase.units import format_count
 
 # the hardware file's field paths (the other elasticities are the constants')
 HARDWARE_PREFIXES = ("peak_tflops.", "memory_bandwidth", "memory_capacity", "links.")
-
-
-def wrote(path: Path | None, what: str = "") -> None:
-    """``wrote PATH`` when a file was written."""
-    if path is not None:
-        console.print(f"wrote {what}{path}", highlight=False)
-
-
-def frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(rows)
 
 
 def sweep_document(result: SweepResult) -> dict:
@@ -49,10 +37,6 @@ def sweep_document(result: SweepResult) -> dict:
 
     doc["infeasible_reasons"] = {reason(k): v for k, v in doc["infeasible_reasons"].items()}
     return doc
-
-
-def elasticity_frame(doc: dict) -> pd.DataFrame:
-    return pd.DataFrame(doc["elasticities"].items(), columns=["quantity", "elasticity"])
 
 
 class SweepProgress:
@@ -241,12 +225,7 @@ def print_sweep(doc: dict, *, wide: bool = False) -> None:
     """The sweep for people: the top strategies, the Pareto front, the best strategy of each
     sweep point, the cheapest hardware and why strategies were not feasible."""
     print_table(top_table(doc, wide=wide), wide=wide)
-    if doc["best"].get("step_time_s_lo") is not None:
-        console.print("best strategy: " + interval_line(doc["best"]), highlight=False)
-    if doc["best"].get("train_days") is not None:
-        console.print("best strategy " + plan_line(doc["best"]), highlight=False)
-    if doc["best"].get("failures") is not None:
-        console.print("best strategy " + failures_line(doc["best"]["failures"]), highlight=False)
+    print_plan(doc["best"], subject="best strategy")
     if doc["best"].get("bound_by_text") is not None:
         console.print("best strategy: " + doc["best"]["bound_by_text"], highlight=False)
     console.print(_pareto_line(doc))
@@ -393,15 +372,16 @@ def failures_line(f: dict) -> str:
     )
 
 
-def print_plan(doc: dict) -> None:
+def print_plan(doc: dict, subject: str = "") -> None:
     """Prints the interval line, :func:`plan_line` and :func:`failures_line` when the document
-    carries them."""
+    carries them, each after ``subject`` (``best strategy``) when one is given."""
+    lead, colon = (f"{subject} ", f"{subject}: ") if subject else ("", "")
     if doc.get("step_time_s_lo") is not None:
-        console.print(interval_line(doc), highlight=False)
+        console.print(colon + interval_line(doc), highlight=False)
     if doc.get("train_days") is not None:
-        console.print(plan_line(doc), highlight=False)
+        console.print(lead + plan_line(doc), highlight=False)
     if doc.get("failures") is not None:
-        console.print(failures_line(doc["failures"]), highlight=False)
+        console.print(lead + failures_line(doc["failures"]), highlight=False)
 
 
 def print_sensitivity(doc: dict[str, Any]) -> None:

@@ -8,88 +8,10 @@ from typing import Annotated
 import typer
 
 from aisim.console import fitted_table, guard, print_json, print_table
-from perfmodel import (
-    Dtype,
-    explain,
-    hardware_names,
-    load_hardware,
-    load_model,
-    load_stack,
-    model_names,
-    stack_names,
-    total_params,
-)
-from perfmodel.plan.stack_constants import CARRIED
+from perfmodel import explain, load_stack
+from perfmodel.specs.catalog import hardware_rows, model_rows, stack_rows
 from simbase import units
 from simbase.errors import AisimError
-
-
-def hardware_rows() -> list[dict]:
-    """One dict per hardware preset (human units; ``board_power_w`` None when unknown)."""
-    rows = []
-    for name in hardware_names():
-        hw = load_hardware(name)
-        s = hw.spec
-        row = {"name": name, "description": hw.description}
-        for dt in Dtype:
-            v = float(s.peak_flops_per_s[int(dt)])
-            row[f"peak_{dt.label}_tflops"] = v / units.TERA if v > 0 else None
-        row.update(
-            memory_gib=float(s.memory_capacity_bytes) / units.GIB,
-            memory_bandwidth_gb_per_s=float(s.memory_bandwidth_bytes_per_s) / units.GIGA,
-            gpus_per_node=int(s.gpus_per_node),
-            intra_node_gb_per_s=float(s.link_bandwidth_bytes_per_s[0]) / units.GIGA,
-            inter_node_gb_per_s=float(s.link_bandwidth_bytes_per_s[1]) / units.GIGA,
-            wan_gb_per_s=float(s.link_bandwidth_bytes_per_s[2]) / units.GIGA,
-            price_per_device_hour_usd=None
-            if float(s.price_per_device_hour_usd) != float(s.price_per_device_hour_usd)
-            else float(s.price_per_device_hour_usd),
-            board_power_w=hw.board_power_w,
-        )
-        rows.append(row)
-    return rows
-
-
-def model_rows() -> list[dict]:
-    """One dict per model preset."""
-    rows = []
-    for name in model_names():
-        m = load_model(name)
-        sp = m.spec
-        rows.append(
-            {
-                "name": name,
-                "kind": sp.kind,
-                "params": float(total_params(sp)),
-                "published_params": m.published_params,
-                "num_layers": int(sp.num_layers),
-                "hidden_size": int(sp.hidden_size),
-                "num_heads": int(sp.num_heads) if sp.kind == "transformer" else None,
-                "num_kv_heads": int(sp.num_kv_heads) if sp.kind == "transformer" else None,
-                "seq_len": int(sp.seq_len) if sp.kind == "transformer" else None,
-                "vocab_size": int(sp.vocab_size) if sp.kind == "transformer" else None,
-            }
-        )
-    return rows
-
-
-def stack_rows() -> list[dict]:
-    """One dict per stack preset and version: what it covers, and the hardware its constants
-    were fitted on (runs, leave-one-source-out error)."""
-    rows = []
-    for name in stack_names():
-        preset = load_stack(name)
-        doc = preset.document
-        version = name.partition("@")[2]
-        desc = (doc.get("variants", {}).get(version, {}) if version else doc).get("description")
-        fitted = {
-            hw: {"runs": e.get("runs"), "sources": len(e.get("sources") or []),
-                 "leave_one_source_out_pct": (e.get("error_pct") or {}).get("leave_one_source_out")}
-            for hw, e in preset.constants.items()
-            if hw != CARRIED and isinstance(e, dict) and e.get("status") == "fitted"
-        }  # fmt: skip
-        rows.append({"name": name, "description": desc or "", "fitted_on": fitted})
-    return rows
 
 
 def stack_table(rows: list[dict], *, wide: bool = False):

@@ -15,15 +15,17 @@ Public API:
   :func:`predicted_step_time_s`; :func:`fit` -> :class:`FitResult`; :func:`predict_table`,
   :func:`predict_rows`.
 - **Profiles**: :func:`read_profile`, :func:`load_profile_constants`, :data:`PROFILE_SCHEMA`;
-  :func:`load_profile_covariance` (the fitted constants' covariance, for prediction intervals).
+  :func:`load_profile_covariance` (the fitted constants' covariance, for prediction intervals);
+  :func:`run_constants` (a run's constants: a profile's, else its stack's on the hardware).
 - **Checking the intervals**: :func:`loo_coverage` -> :class:`Coverage` (fit without each row,
   predict it with its interval), :func:`shipped_coverage` (on the shipped measurement sets).
 - **Sources of measurements**: :func:`import_logs` and :func:`parse_log` (Colossal-AI benchmark
   logs); :func:`import_training_logs` (Megatron-LM, torchtitan, DeepSpeed and every Colossal-AI
   generation, with provenance: :func:`calibration.logs.import_logs`); :func:`measure_many`,
   :func:`measure_one`, :class:`Shape`, :class:`Config`, :func:`check_config`,
-  :func:`hardware_for_devices` and :func:`shape_columns` (time real flax training steps here;
-  imported on first use, as they load flax).
+  :func:`hardware_for_devices`, :func:`shape_columns` and :func:`measured_shape` (a preset's
+  shape to time, with overrides): time real flax training steps here; imported on first use,
+  as they load flax.
 """
 
 from calibration.colossal import import_logs, parse_log
@@ -49,6 +51,7 @@ from calibration.profile import (
     load_profile_constants,
     load_profile_covariance,
     read_profile,
+    run_constants,
 )
 from calibration.report import parity_plot
 from calibration.rows import (
@@ -63,6 +66,7 @@ from calibration.rows import (
 # the measuring loop imports flax: loaded on first use (PEP 562), so `import calibration` stays light
 # (and the coverage check too, so that `python -m calibration.intervals` runs it cleanly)
 _LAZY = {name: "calibration.intervals" for name in ("Coverage", "loo_coverage", "shipped_coverage")}
+_LAZY["measured_shape"] = "calibration.shapes"
 _LAZY |= {
     name: "calibration.measure"
     for name in (
@@ -115,6 +119,7 @@ __all__ = [
     "loo_coverage",
     "measure_many",
     "measure_one",
+    "measured_shape",
     "measured_step_times",
     "normalise_measurements",
     "objective",
@@ -129,6 +134,7 @@ __all__ = [
     "read_profile",
     "resolve_rows",
     "row_strategy",
+    "run_constants",
     "shape_columns",
     "shipped_coverage",
 ]

@@ -14,6 +14,7 @@ import dataclasses
 import os
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from calibration import report
@@ -53,6 +54,14 @@ class MeasurementFit:
     def row_table(self) -> pd.DataFrame:
         """Per fitted row: source row, model, measured, predicted, error %, held-out values."""
         return report.row_table(self.table, self.result)
+
+    def constants_table(self) -> pd.DataFrame:
+        """The fitted constants, one row each: ``constant``, ``value`` and ``stddev`` (SI units,
+        1σ from the Hessian; NaN where there is none)."""
+        fitted = report.constants_with_uncertainty(self.result)
+        sd = {k: np.nan if v["stddev"] is None else v["stddev"] for k, v in fitted.items()}
+        rows = [{"constant": k, "value": v["value"], "stddev": sd[k]} for k, v in fitted.items()]
+        return pd.DataFrame(rows)
 
     def document(self) -> dict[str, Any]:
         """The fit's report (held-out error first; see :func:`calibration.report.fit_document`)."""

@@ -19,8 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from perfmodel.plan.stack_constants import StackConstants, stack_constants
 from perfmodel.plan.uncertainty import ConstantsCovariance, covariance_from_dict
 from perfmodel.specs.constants import Constants, constants_from_si_dict
+from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.stack_preset import stack_names
 from simbase.errors import AisimError, bad_value
 from simbase.io import read_json
@@ -117,3 +119,29 @@ def load_profile_covariance(path: str | Path) -> ConstantsCovariance | None:
     if doc.get("covariance") is None:
         return None
     return covariance_from_dict(doc["covariance"], str(path))
+
+
+def run_constants(hw: Hardware, profile: str | Path | None = None, stack=None) -> StackConstants:
+    """The constants a run uses and how sure they are.
+
+    Args:
+      hw: the hardware preset the run uses.
+      profile: a calibrated profile (``aisim calibrate fit --out``), or None.
+      stack: the run's software stack (a preset, or None).
+
+    Returns:
+      The profile's constants over the preset's, with the profile's covariance (status
+      ``profile``); without a profile, the stack's constants on this hardware: fitted, carried
+      over, or the preset's (:func:`perfmodel.plan.stack_constants.stack_constants`).
+
+    Raises:
+      AisimError: the profile cannot be read, or was fitted for other hardware.
+    """
+    if profile is None:
+        return stack_constants(stack, hw)
+    return StackConstants(
+        load_profile_constants(profile, hw.name, hw.constants),
+        load_profile_covariance(profile),
+        "profile",
+        f"the calibrated profile {profile}",
+    )

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from collab.cross_site import CrossSite, cross_site_frame, evaluate
-from collab.scenario import sweep_frame
+from collab.scenario import SHARE_COLUMNS, sweep_frame
 from collab.settings import (
     cross_site_from_text,
     parse_counts,
@@ -86,6 +86,20 @@ class SweepResult:
                 for r, s in zip(rows, self.sites, strict=True)
             ],
         }
+
+    def client_shares(self) -> pd.DataFrame:
+        """A sizes sweep as one row per size and client: ``model_params``, ``client`` (from 1),
+        ``total_task_time_s`` and the client's shares of the round (percent): those of
+        :data:`collab.scenario.SHARE_COLUMNS` and ``compute_share_of_busy_pct``."""
+        shares = (*SHARE_COLUMNS[:1], "compute_share_of_busy_pct", *SHARE_COLUMNS[1:])
+        rows = [
+            {"model_params": r["model_params"], "client": i,
+             "total_task_time_s": r["total_task_time_s"]}
+            | {k: r[f"client{i}_{k}"] for k in shares}
+            for _, r in self.frame.iterrows()
+            for i in range(1, self.num_sites + 1)
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
 
     def site_groups(self) -> pd.DataFrame:
         """The first row's sites, identical ones as one row whose ``sites`` names them

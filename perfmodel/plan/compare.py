@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pandas as pd
+
 from perfmodel.plan.training import plan_sweep
 from perfmodel.search.sweep import strategy_label
 from perfmodel.specs.constants import Constants
@@ -97,3 +99,9 @@ def compare_hardware(
         "global_batch_size": global_batch,
         "hardware": rows,
     }
+
+
+def compare_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """A :func:`compare_hardware` document as a table (``aisim perf compare --out``): one row
+    per hardware, the :data:`COMPARE_KEYS` and ``strategy`` columns."""
+    return pd.DataFrame([{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]])

@@ -8,6 +8,7 @@ an :class:`~simbase.errors.AisimError` whose ``field`` is the option's library n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from importlib import resources
@@ -81,6 +82,54 @@ def check_plan_options(
         ok = math.isfinite(v) and v <= hi and (v >= lo if field != "utilisation_factor" else v > lo)
         if not ok:
             raise bad_value(None, field, v, expected)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """A planning question's options, checked (:func:`plan_options`).
+
+    Attributes:
+      tokens: tokens to train on (None: no plan).
+      price_per_gpu_hour_usd: replaces each hardware's price (None: the preset's).
+      utilisation_factor: mean power draw over board power (None: ``planning.json``'s).
+      pue: the facility's power usage effectiveness (None: ``planning.json``'s).
+    """
+
+    tokens: float | None
+    price_per_gpu_hour_usd: float | None
+    utilisation_factor: float | None
+    pue: float | None
+
+    def power(self) -> dict[str, float | None]:
+        """``utilisation_factor`` and ``pue``, as the plan's functions take them."""
+        return dict(utilisation_factor=self.utilisation_factor, pue=self.pue)
+
+
+def plan_options(
+    tokens: str | float | None = None,
+    price_per_gpu_hour_usd: float | None = None,
+    utilisation_factor: float | None = None,
+    pue: float | None = None,
+) -> PlanOptions:
+    """The planning options checked (:func:`check_plan_options`) and the token count parsed
+    (:func:`parse_tokens`), before any work.
+
+    Args:
+      tokens: a token count such as ``"15T"``, or None.
+      price_per_gpu_hour_usd: USD per device-hour, >= 0, or None.
+      utilisation_factor: mean power draw over board power, in (0, 1], or None.
+      pue: the facility's power usage effectiveness, >= 1, or None.
+
+    Returns:
+      The :class:`PlanOptions`.
+
+    Raises:
+      AisimError: a bad value, naming its field (``price_per_gpu_hour_usd``,
+        ``utilisation_factor``, ``pue``, then ``tokens``).
+    """
+    check_plan_options(price_per_gpu_hour_usd, utilisation_factor, pue)
+    count = None if tokens is None else parse_tokens(tokens)
+    return PlanOptions(count, price_per_gpu_hour_usd, utilisation_factor, pue)
 
 
 def with_price(hw: Hardware, price_per_gpu_hour_usd: float | None) -> Hardware:

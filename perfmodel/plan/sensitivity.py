@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 
 from perfmodel.plan.estimate import Estimate, estimate
 from perfmodel.plan.training import DEFAULTS
@@ -316,3 +317,9 @@ def sensitivity_report(
         )  # fmt: skip
         doc["capacity"] = answer.to_dict()
     return doc
+
+
+def elasticity_table(doc: dict[str, Any]) -> pd.DataFrame:
+    """A sensitivity document's elasticities as a table (``aisim perf sensitivity --out``): one
+    row per ``quantity`` with its ``elasticity``, in the document's order."""
+    return pd.DataFrame(doc["elasticities"].items(), columns=["quantity", "elasticity"])

@@ -38,10 +38,9 @@ import numpy as np
 from perfmodel.plan.uncertainty import ConstantsCovariance, covariance_from_dict
 from perfmodel.specs.constants import TIER_KEYS, Constants, constants_from_si_dict
 from perfmodel.specs.hardware import Hardware
-from perfmodel.specs.stack_preset import StackPreset, load_stack, stack_names
+from perfmodel.specs.stack_preset import CARRIED, StackPreset, load_stack, stack_names
 from simbase.errors import bad_value
 
-CARRIED = "carried_over"
 # what a stack carries to hardware it has no runs on: the costs of its host loop and launches,
 # which are the software's (the GEMM and attention efficiencies are the device's: a stack's fit
 # on one GPU generation moved another's predictions further from the measurements than the
@@ -102,14 +101,6 @@ def _set(values: dict[str, Any], base: Constants, entry: str, x: float) -> None:
     values[field] = cur
 
 
-def _fitted(preset: StackPreset) -> dict[str, dict]:
-    return {
-        k: v
-        for k, v in preset.constants.items()
-        if k != CARRIED and isinstance(v, dict) and v.get("status") == "fitted"
-    }
-
-
 def _describe_fit(name: str, hw: str, entry: dict) -> str:
     err = entry.get("error_pct", {}).get("leave_one_source_out")
     sources = entry.get("sources") or []
@@ -127,7 +118,9 @@ def shipped_fits() -> dict[str, dict[str, dict[str, float]]]:
             if "@" in name:
                 continue
             preset = load_stack(name)
-            _SHIPPED[name] = {hw: e.get("values", {}) for hw, e in _fitted(preset).items()}
+            _SHIPPED[name] = {
+                hw: e.get("values", {}) for hw, e in preset.fitted_constants().items()
+            }
     return _SHIPPED
 
 
@@ -151,7 +144,7 @@ def stack_constants(
     """
     if preset is None or not isinstance(preset, StackPreset):
         return StackConstants(hw.constants, None, "preset", f"the {hw.name} preset's constants")
-    own = _fitted(preset)
+    own = preset.fitted_constants()
     name = preset.name.partition("@")[0]
     where = preset.where
     if hw.name in own:

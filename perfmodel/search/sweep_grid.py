@@ -1,7 +1,8 @@
 """The strategies one sweep searches for a (model, hardware): the knob restrictions, checked,
 and the cost model's grid over every GPU count and global batch.
 
-Contract: :func:`normalise_knobs` validates the restrictions a caller puts on the grid's axes
+Contract: :func:`grid_lists` reads the restrictions as people type them (``64,128,...,1024``,
+``on,off``); :func:`normalise_knobs` validates the restrictions a caller puts on the grid's axes
 (:data:`GRID_KNOBS`, from the knob registry) and raises :class:`~simbase.errors.AisimError` data
 naming the knob; :func:`pair_grid` builds the :class:`~perfmodel.search.grid.StrategyGrid` of
 one pair with aisim's enumeration (:func:`perfmodel.search.grid.enumerate_strategies`) or
@@ -20,13 +21,14 @@ from perfmodel.plan.estimate import attention_heads, model_limits
 from perfmodel.search.grid import StrategyGrid, concat_grids, enumerate_strategies, parse_lists
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.hardware import Hardware
-from perfmodel.specs.knobs import KNOBS
+from perfmodel.specs.knobs import BY_NAME, KNOBS
 from perfmodel.specs.model import Model
 from perfmodel.specs.stack import Stack
 from perfmodel.specs.stack_preset import load_stack
 from perfmodel.specs.strategy import leaf_codes
 from perfmodel.step.distir import DISTIR_STACK
 from simbase.errors import bad_value
+from simbase.parse import bool_word, parse_int_list, split_list
 
 # the knobs a grid can cross: not those it derives, nor the scale-up domain (one per hardware)
 GRID_KNOBS = tuple(
@@ -45,6 +47,43 @@ def positive_list(values: int | Sequence[int], field: str) -> list[int]:
     if not out:
         raise bad_value(None, field, values, "at least one positive integer")
     return [int(v) for v in out]
+
+
+def grid_lists(knobs: dict[str, str | list[str]]) -> dict[str, list]:
+    """A grid's restrictions as people type them, as lists of values.
+
+    Args:
+      knobs: registry knob name -> its text (``"1,2,4"``), or several texts (a repeated
+        option); integers may continue a series (``64,128,...,1024``), a switch takes ``on``,
+        ``off`` or ``both``, any other knob its words.
+
+    Returns:
+      Knob name -> its values (integers, booleans, or the words as typed); a knob whose text
+      lists nothing is left out.
+
+    Raises:
+      AisimError: an integer or a switch that does not parse (field: the knob's name).
+    """
+    out: dict[str, list] = {}
+    for name, raw in knobs.items():
+        knob = BY_NAME[name]
+        parts = split_list(raw if isinstance(raw, list) else [str(raw)])
+        if parts is None:
+            continue
+        if knob.kind is int:
+            minimum = 0 if knob.minimum == 0 else 1
+            out[name] = parse_int_list(",".join(parts), name, minimum=minimum)
+        elif knob.kind is bool:
+            values: list[bool] = []
+            for p in parts:
+                word = None if p.lower() == "both" else bool_word(p)
+                if p.lower() != "both" and word is None:
+                    raise bad_value(None, name, p, "on, off or both")
+                values += [False, True] if word is None else [word]
+            out[name] = values
+        else:
+            out[name] = parts
+    return out
 
 
 def normalise_knobs(knobs: dict[str, Sequence[Any] | None]) -> dict[str, list | None]:

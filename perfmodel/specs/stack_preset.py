@@ -39,6 +39,8 @@ from simbase.io import read_json
 
 STACK_SCHEMA = "aisim.stack/1"
 AUTO = "auto"
+# the key of a constants block that holds the carried-over scatter, not a hardware preset's fit
+CARRIED = "carried_over"
 _OPS = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
     ">": operator.gt, "<": operator.lt,
@@ -185,6 +187,14 @@ class StackPreset:
     def constants_entry(self, hardware: str) -> dict | None:
         """This stack's constants entry for a hardware preset, or ``None``."""
         return self.constants.get(hardware)
+
+    def fitted_constants(self) -> dict[str, dict]:
+        """The constants entries fitted to published runs: hardware preset -> entry."""
+        return {
+            k: v
+            for k, v in self.constants.items()
+            if k != CARRIED and isinstance(v, dict) and v.get("status") == "fitted"
+        }
 
 
 def _stacks_dir() -> Path:
@@ -345,6 +355,23 @@ def explain(preset: StackPreset) -> list[dict[str, Any]]:
     return [{"knob": knob, "kind": kind, "value": value or "none",
              "source": str((entries[kind].get(knob) or {}).get("source") or "registry default")}
             for kind, knob, value in out]  # fmt: skip
+
+
+def with_caller_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack) -> dict[str, Any]:
+    """The knobs given, over a caller's own defaults, except the defaults of the knobs the stack
+    preset's recipe chooses (a framework's recomputation or ZeRO stage wins over the caller's).
+
+    Args:
+      knobs: the knobs the user gave (they win over every default).
+      defaults: the caller's defaults (``aisim perf estimate``'s GPT-3 run).
+      stack: a :class:`StackPreset`, a plain :class:`~perfmodel.specs.stack.Stack` or None
+        (no recipe: every caller default applies).
+
+    Returns:
+      The caller's defaults the recipe leaves alone, then ``knobs`` over them.
+    """
+    own = {d.knob for d in getattr(stack, "defaults", ())}
+    return {k: v for k, v in defaults.items() if k not in own} | knobs
 
 
 def ensure_known(names: list[str], where: str) -> None:

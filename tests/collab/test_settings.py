@@ -101,3 +101,15 @@ def test_a_sizes_sweep_document_carries_both_utilisations():
     assert row["client2_compute_share_of_busy_pct"] == pytest.approx(
         row["client2_compute_utilization_pct"] / (1 - wait), rel=1e-5
     )
+
+
+def test_a_sizes_sweep_has_one_row_of_shares_per_size_and_client():
+    result = collab.run_sweep(sizes="10M,20M", client_hardware="a100-80gb,h100-sxm", devices="8")
+    t = result.client_shares()
+    assert t[["model_params", "client"]].values.tolist() == [
+        ["10M", 1], ["10M", 2], ["20M", 1], ["20M", 2]
+    ]  # fmt: skip
+    row = result.frame.iloc[1]
+    assert t["total_task_time_s"][2] == row["total_task_time_s"]
+    for k in ("compute_utilization_pct", "compute_share_of_busy_pct", "other_share_pct"):
+        assert t[k][3] == row[f"client2_{k}"]

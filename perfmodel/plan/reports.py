@@ -1,0 +1,142 @@
+"""The planning questions of one run and of a grid, end to end: ``aisim perf estimate`` and
+``aisim perf grid`` as library calls.
+
+Contract: :func:`estimate_document` evaluates one strategy and adds what a planner asked for
+(prediction intervals, the plan, the elasticities: :mod:`perfmodel.plan.annotate`) to its JSON
+document; :func:`plan_grid` searches every strategy (:func:`perfmodel.plan.training.plan_sweep`)
+and annotates what it reports the same way. The constants of each hardware come in as
+``calibration_for(hardware)``, a :class:`~perfmodel.plan.stack_constants.StackConstants` (its
+constants and covariance), so a calibrated profile read by the caller serves both. Nothing here
+reads a file or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from perfmodel.plan.annotate import add_intervals, add_plan, annotate_sweep
+from perfmodel.plan.estimate import estimate
+from perfmodel.plan.sensitivity import elasticities, estimate_row
+from perfmodel.plan.stack_constants import StackConstants
+from perfmodel.plan.training import plan_sweep
+from perfmodel.search.sweep import SweepResult
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+
+
+def estimate_document(
+    model: Model,
+    hardware: Hardware,
+    calibration: StackConstants,
+    knobs: dict[str, Any],
+    *,
+    cost_model: str = "aisim",
+    stack=None,
+    tokens: float | None = None,
+    failures=None,
+    sensitivity: bool = False,
+    utilisation_factor: float | None = None,
+    pue: float | None = None,
+) -> dict[str, Any]:
+    """The ``aisim perf estimate --json`` document of one strategy.
+
+    Args:
+      model: the model.
+      hardware: the hardware (its price already the one to plan with).
+      calibration: the constants to run with, their covariance and where they come from.
+      knobs: the strategy's knobs (:func:`perfmodel.estimate`'s, any registry spelling).
+      cost_model: ``aisim`` or ``distir``.
+      stack: the software stack (a preset, a :class:`~perfmodel.specs.stack.Stack` or None).
+      tokens: tokens to train on; adds the plan (time, GPU-hours, cost and energy to train).
+      failures: with ``tokens``, a failure model or a function of the hardware that makes one.
+      sensitivity: add the step time's elasticities and what bounds the run.
+      utilisation_factor: mean power draw over board power (default: ``planning.json``'s).
+      pue: the facility's power usage effectiveness (default: ``planning.json``'s).
+
+    Returns:
+      :meth:`perfmodel.plan.estimate.Estimate.to_dict` with ``constants`` (status, reason),
+      the prediction intervals when the calibration has a covariance, the plan's fields with
+      ``tokens``, and ``elasticities``/``bound_by``/``bound_by_text`` with ``sensitivity``.
+
+    Raises:
+      AisimError: a bad knob or option (:func:`perfmodel.estimate`'s and the plan's fields).
+    """
+    consts, cov = calibration.constants, calibration.covariance
+    est = estimate(model, hardware, constants=consts, cost_model=cost_model, stack=stack, **knobs)
+    doc = est.to_dict()
+    doc["constants"] = calibration.to_dict()
+    add_intervals(doc, est, consts, cov)
+    if tokens is not None:
+        dof = None if cov is None else cov.dof
+        add_plan(
+            doc, hardware, tokens, failures=failures, dof=dof,
+            utilisation_factor=utilisation_factor, pue=pue,
+        )  # fmt: skip
+    if sensitivity:
+        doc.update(elasticities(model, hardware, consts, est.strategy, cost_model).to_dict())
+    return doc
+
+
+def plan_grid(
+    models: list[Model],
+    hardware: list[Hardware],
+    *,
+    calibration_for: Callable[[Hardware], StackConstants],
+    cost_model: str = "aisim",
+    tokens: float | None = None,
+    failures=None,
+    sensitivity: bool = False,
+    price_per_gpu_hour_usd: float | None = None,
+    utilisation_factor: float | None = None,
+    pue: float | None = None,
+    **sweep_args: Any,
+) -> SweepResult:
+    """Every strategy of the models on the hardware, ranked, each reported one annotated.
+
+    Args:
+      models: the models (:func:`perfmodel.search.sweep` pairs each with every hardware).
+      hardware: the hardware, each with its price to plan with.
+      calibration_for: the constants of a hardware, with their covariance.
+      cost_model: ``aisim`` or ``distir``.
+      tokens: tokens to train on; adds each reported strategy's plan.
+      failures: with ``tokens``, a failure model or a function of the hardware that makes one.
+      sensitivity: add the elasticities of the best strategy to ``result.best``.
+      price_per_gpu_hour_usd: replaces each hardware's price (None: the preset's).
+      utilisation_factor: mean power draw over board power (default: ``planning.json``'s).
+      pue: the facility's power usage effectiveness (default: ``planning.json``'s).
+      **sweep_args: :func:`perfmodel.plan.training.plan_sweep`'s other arguments (``rank_by``,
+        ``top``, ``num_gpus``, ``global_batch``, ``stack``, knob restrictions ...).
+
+    Returns:
+      The :class:`~perfmodel.search.sweep.SweepResult`, its reported rows with prediction
+      intervals where the calibration has a covariance (and the plan's bounds with
+      ``tokens``).
+
+    Raises:
+      AisimError: whatever :func:`~perfmodel.plan.training.plan_sweep` raises.
+    """
+
+    def constants_for(hw: Hardware):
+        return calibration_for(hw).constants
+
+    plan = dict(utilisation_factor=utilisation_factor, pue=pue)
+    result = plan_sweep(
+        models, hardware, tokens=tokens, price_per_gpu_hour_usd=price_per_gpu_hour_usd,
+        constants=constants_for, cost_model=cost_model,
+        failures=failures if tokens else None, **plan, **sweep_args,
+    )  # fmt: skip
+    annotate_sweep(
+        result, cost_model, constants_for=constants_for,
+        cov_for=lambda hw: calibration_for(hw).covariance, tokens=tokens,
+        price_per_gpu_hour_usd=price_per_gpu_hour_usd, failures=failures, **plan,
+    )  # fmt: skip
+    if sensitivity:
+        best = result.best
+        pair = next(p for p in result.searches if p.hardware.name == best["hardware"])
+        consts = constants_for(pair.hardware)
+        est = estimate_row(best, pair.model, pair.hardware, consts)
+        best.update(
+            elasticities(pair.model, pair.hardware, consts, est.strategy, cost_model).to_dict()
+        )
+    return result
