@@ -12,13 +12,14 @@ form, ``xla::cpu::ConvCanonicalization``, walks only the entry computation, so a
 a ``while`` body (``lax.scan``, ``fori_loop``, ``while_loop``) or a ``cond`` branch keeps the
 slow loop. A flax ``nn.Conv`` is NHWC/HWIO, but JAX's gradients of it are not (the input
 gradient's kernel is ``01oi``, the kernel gradient's operands ``f01b_i01o->01bf``), and local
-training runs its steps in a loop: measured here, a simple-cnn SGD step on a batch of 10 took
-~30 ms alone and ~1 s inside a ``lax.scan``. This is jax-ml/jax#12868 ("Convolution is
-significantly slower inside a loop body (CPU)"; its reporter notes that the channel-last form does
-not suffer). Writing the transposes into the program does what ``ConvCanonicalization`` would have
-done in the entry computation, wherever the convolution lives; XLA fuses the transposes into the
-producers, and the values are those of the same step outside a loop, to float rounding (the
-elemental loop and Eigen sum in different orders).
+training runs its steps in a loop: a simple-cnn SGD step on a batch of 10 took 30-60 ms alone
+and 1-1.7 s inside a ``lax.scan`` (jax 0.10.2, a shared 2-core CPU). This is jax-ml/jax#12868
+("Convolution is significantly slower inside a loop body (CPU)"; its reporter notes that the
+channel-last form does not suffer); ``fl/SOURCES.md`` has the measurements. Writing the
+transposes into the program does what ``ConvCanonicalization`` does in the entry computation,
+wherever the convolution lives: the steps in a loop compute what the same steps unrolled compute
+(bit for bit in ``tests/fl/test_convlayout.py``'s case), which differs from the elemental loop's
+sums in float rounding only.
 
 The rewrite inlines convolutions out of ``jit`` calls in the function; convolutions inside other
 higher-order primitives (``scan``, ``cond``, ``custom_vjp`` bodies, ``remat``) are left as they
