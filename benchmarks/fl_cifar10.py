@@ -13,7 +13,9 @@ It prints the device, the wall time of the run (building, compiling and training
 time without the first iteration (which compiles), client updates per second, and the final test
 accuracy, so the comparison with pfl-research's published GPU times can be made.
 ``--quick`` (or ``AISIM_QUICK=1``) runs a reduced size on a CPU: 20 users, cohort 2, 3
-iterations (XLA:CPU runs this CNN's convolutions slowly; the setup is meant for a GPU).
+iterations, a smoke test whose wall time is mostly compiling (the full setup is meant for a GPU).
+On a CPU the local steps' convolutions run channel-last (:mod:`fl.convlayout`, jax-ml/jax#12868);
+before that rewrite the quick run trained at 0.1-0.3 client updates/s.
 
 Usage: ``python benchmarks/fl_cifar10.py [--iterations N] [--users N] [--cohort N]
 [--model NAME] [--data-dir DIR] [--quick]``

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fl.convlayout import cpu_canonical_convs
 from fl.data import FederatedData
 from fl.models import Model, cross_entropy
 from fl.round import make_evaluate
@@ -41,8 +42,10 @@ def train_centralised(
 
         def step(carry, idx):
             p, o = carry
-            g = jax.grad(
-                lambda q: cross_entropy(model.apply(q, x[idx]), y[idx], jnp.ones(batch_size))
+            g = cpu_canonical_convs(  # the scan's convolutions, jax-ml/jax#12868 (fl.convlayout)
+                jax.grad(
+                    lambda q: cross_entropy(model.apply(q, x[idx]), y[idx], jnp.ones(batch_size))
+                )
             )(p)
             u, o = opt.update(g, o, p)
             return (optax.apply_updates(p, u), o), None

@@ -27,6 +27,7 @@ import optax
 from jaxtyping import Array, Float, Int
 
 from fl.algorithm import LocalContext
+from fl.convlayout import cpu_canonical_convs
 from fl.tasks import CLASSIFICATION, masked_mean
 
 
@@ -221,7 +222,8 @@ def train_step(
     def loss_fn(p):
         return masked_mean(spec.loss(spec.apply(p, x), y), mask)
 
-    loss, grad = jax.value_and_grad(loss_fn)(state.params)
+    # XLA:CPU runs the gradient's convolutions slowly in the loop over steps (jax-ml/jax#12868)
+    loss, grad = cpu_canonical_convs(jax.value_and_grad(loss_fn))(state.params)
     if spec.local_grad is not None:  # None skips a pass over every client's parameters
         ctx = LocalContext(mu=mu, correction=task.correction, step=step)
         grad = spec.local_grad(grad, state.params, global_params, ctx)
