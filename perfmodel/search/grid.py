@@ -626,6 +626,8 @@ def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, 
         for st in stack_variants(group_base, v):
             stacks.append(st)
             parts.append(_rows_of_stack(group_rows, rejected, st, group_base, v, r_codes))
+    if not parts:  # every row was pruned (the preset's groups are empty): an empty grid
+        stacks, parts = [base], [rows]
     return stacks, parts
 
 

@@ -287,3 +287,12 @@ def test_a_rule_that_a_parameter_lifts_is_named_as_data():
         allow_cross_node_tp=True,
     )
     assert lifted.lifted_by == {} and lifted.feasible > r.feasible
+
+
+def test_a_stack_whose_every_row_the_hardware_prunes_is_refused_with_the_reason():
+    """The NeMo recipe trains in bf16, which a V100 lacks: every row is pruned before the stack
+    splits the grid, and the sweep says so (it used to fail concatenating no parts)."""
+    from simbase.errors import AisimError
+
+    with pytest.raises(AisimError, match="dtype is not supported by the hardware"):
+        sweep("gpt3-13b", "v100-32gb", stack="megatron-core@nemo", num_gpus=64, global_batch=256)
