@@ -27,7 +27,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from perfmodel.plan.failure_model import FailureModel
 from perfmodel.specs.choices import Dtype
@@ -184,6 +183,8 @@ def _expected_max(n: float, cv: float, distribution: str) -> float:
     ``exp(σz − σ²/2)``, ``σ² = ln(1 + cv²)``."""
     if n <= 1.0 or cv == 0.0:
         return 1.0
+    from scipy import special  # 0.1 s to import, and only a straggler plan needs it
+
     log_phi = -0.5 * _Z * _Z - 0.5 * math.log(2.0 * math.pi)  # the standard normal's log density
     logpdf = math.log(n) + log_phi + (n - 1.0) * special.log_ndtr(_Z)
     w = np.exp(logpdf)
