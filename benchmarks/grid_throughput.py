@@ -13,7 +13,10 @@ Measures, after compilation:
   4. the per-configuration rate of a one-at-a-time evaluator: Calculon's ~8 ms per
      configuration, the figure quoted in issue 3 (not measured here);
   5. the wall time of the whole ``aisim perf grid --model gpt3-175B --gpus 1024
-     --global-batch 1536`` search, the first call (with compilation) and the next (compiled).
+     --global-batch 1536`` search, the first call (with compilation) and the next (compiled);
+  6. the command line as a user runs it cold (a fresh process, an empty compilation cache): the
+     default ``aisim perf grid`` and a DeepSeek-V3 grid on 2048 H100, against a fresh process
+     that imports JAX and runs one jitted op (the floor of any JAX command).
 
 Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--devices N]``
 (``--devices N`` splits the host CPU into N JAX devices, so the sharded grid uses N cores).
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -266,6 +271,44 @@ def main() -> None:
         f"  compiled search (best of {args.repeats})    {min(steady):6.3f} s  -> compilation ~ "
         f"{first - min(steady):.2f} s"
     )
+
+    cold_commands(1 if quick else 3)
+
+
+COLD = {
+    "aisim perf grid (GPT-3 175B, 1024 x A100)": ["perf", "grid"],
+    "aisim perf grid --model deepseek-v3 --hardware h100-sxm --gpus 2048 --global-batch 15360": [
+        "perf", "grid", "--model", "deepseek-v3", "--hardware", "h100-sxm", "--gpus", "2048",
+        "--global-batch", "15360",
+    ],
+}  # fmt: skip
+JAX_FLOOR = (
+    "import jax, jax.numpy as jnp; jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()"
+)
+
+
+def _cold_s(args: list[str], repeats: int) -> float:
+    """Best wall time of ``python ARGS`` in a fresh process with an empty compilation cache."""
+    best = float("inf")
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, *args], env=env, check=True, capture_output=True)
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def cold_commands(repeats: int) -> None:
+    """Part 6: the commands as a user starts them, cold (best of ``repeats``)."""
+    floor = _cold_s(["-c", JAX_FLOOR], repeats)
+    print()
+    print(f"cold command line (fresh process, empty compilation cache; best of {repeats}):")
+    print(f"  python: import jax, one jitted op        {floor:6.2f} s")
+    for name, args in COLD.items():
+        t = _cold_s(["-m", "aisim", *args], repeats)
+        print(f"  {name}")
+        print(f"  {'':40} {t:6.2f} s  ({t / floor:.1f} x the JAX floor)")
 
 
 if __name__ == "__main__":
