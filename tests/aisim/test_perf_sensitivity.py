@@ -71,6 +71,7 @@ def test_estimate_sensitivity_block_equals_the_sensitivity_command():
     assert r.exit_code == 0 and ref["bound_by_text"] in r.output.replace("\n", " ")
 
 
+@pytest.mark.slow  # compiles a grid and the sensitivity Jacobian
 def test_grid_best_sensitivity_equals_the_sensitivity_command_best():
     args = ("--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256")
     assert "elasticities" not in _json(["perf", "grid", *args])["best"]

@@ -62,6 +62,7 @@ def test_shares_add_up_to_100(size, up, down, steps, k):
     )
 
 
+@pytest.mark.slow  # a property over many drawn round setups, each evaluated twice
 @SETTINGS
 @given(
     SIZES,

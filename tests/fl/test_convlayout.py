@@ -89,6 +89,7 @@ def _conv_labels(hlo: str) -> list[str]:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU pass")
+@pytest.mark.slow  # compiles a CNN training loop
 def test_loop_body_has_only_channel_last_convolutions_on_cpu():
     params, x, vg = _cnn_step()
 

@@ -100,6 +100,7 @@ def test_user_fedprox_gives_the_builtin_fedprox(cfg):
     )
 
 
+@pytest.mark.slow  # its fixture runs the built-in simulation
 def test_user_data_from_arrays_gives_the_builtin_metrics_bit_for_bit(cfg, builtin):
     ds = fl.digits(20, "dirichlet", seed=0)
     pop = ds.population  # the user's arrays: each client's samples, client after client

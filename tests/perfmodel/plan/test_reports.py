@@ -31,6 +31,7 @@ def test_estimate_document_is_the_estimate_with_its_constants_and_nothing_unaske
     assert "train_days" not in doc and "elasticities" not in doc and "step_time_s_lo" not in doc
 
 
+@pytest.mark.slow  # compiles the step function and its Jacobian
 def test_estimate_document_adds_the_plan_intervals_and_elasticities_when_asked():
     m, hw, preset, cal = _setup("megatron-core")
     assert cal.covariance is not None  # a fitted stack: the estimate gets intervals
@@ -44,6 +45,7 @@ def test_estimate_document_adds_the_plan_intervals_and_elasticities_when_asked()
     assert doc["bound_by"] == want["bound_by"]
 
 
+@pytest.mark.slow  # compiles two grid searches
 def test_plan_grid_ranks_as_plan_sweep_and_studies_the_best_when_asked():
     m, hw, _, cal = _setup()
     grid = dict(num_gpus=[16], global_batch=[64], top=3)

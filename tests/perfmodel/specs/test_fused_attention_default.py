@@ -22,6 +22,7 @@ runner = CliRunner()
 KNOBS = dict(hardware="h100-sxm", num_gpus=8, tp=1, pp=1, global_batch=8, recompute="full")
 
 
+@pytest.mark.slow  # evaluates every published run
 def test_every_preset_a_published_run_uses_defaults_to_the_kernel_those_runs_ran():
     """The kernel each run ran is the one its loader gives it (the row's framework and stack:
     FlashAttention, cuDNN, or BLOOM's unfused softmax); the run's model preset defaults to it.

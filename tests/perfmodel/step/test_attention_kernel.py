@@ -119,6 +119,7 @@ def test_grid_equals_one_by_one_for_the_attention_kernel_and_eager():
             np.testing.assert_allclose(np.asarray(out.step_time_s), one, rtol=1e-6)
 
 
+@pytest.mark.slow  # evaluates the torchtitan published runs
 def test_loader_gives_torchtitan_flashattention2():
     runs, _ = load_published_runs(MAIN_CSV)
     kernels = {"torchtitan": AttentionKernel.FA2}
