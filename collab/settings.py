@@ -122,6 +122,12 @@ def _per_site(values: tuple | None, text, field: str, clients: int) -> tuple | N
     return values
 
 
+def _parse_per_site(specs, clients: int) -> dict[str, tuple | None]:
+    """Each ``(field, text, parse)`` of ``specs`` parsed and checked to hold one value or one
+    per site."""
+    return {f: _per_site(parse(text, f), text, f, clients) for f, text, parse in specs}
+
+
 def _sites(clients, client_hardware: str) -> list[Hardware]:
     """The sites' hardware (one name for all, or one per site)."""
     if isinstance(clients, bool) or not isinstance(clients, int) or not 1 <= clients <= MAX_SITES:
@@ -159,17 +165,18 @@ def _scenario_sites(
 ) -> dict:
     """The per-site settings of :func:`scenario_from_text` as :class:`collab.Scenario` fields,
     each one value or one per site (the WAN's up and down rates default to ``wan_bandwidth``)."""
-    v = {}
-    for field, text, parse in (
-        ("devices", devices, parse_counts),
-        ("batch_size", batch_size, parse_counts),
-        ("local_samples", local_samples, parse_counts),
-        ("local_steps", local_steps, parse_counts),
-        ("wan_bandwidth", wan_bandwidth, parse_rates),
-        ("wan_up", wan_up, parse_rates),
-        ("wan_down", wan_down, parse_rates),
-    ):
-        v[field] = _per_site(parse(text, field), text, field, clients)
+    v = _parse_per_site(
+        (
+            ("devices", devices, parse_counts),
+            ("batch_size", batch_size, parse_counts),
+            ("local_samples", local_samples, parse_counts),
+            ("local_steps", local_steps, parse_counts),
+            ("wan_bandwidth", wan_bandwidth, parse_rates),
+            ("wan_up", wan_up, parse_rates),
+            ("wan_down", wan_down, parse_rates),
+        ),
+        clients,
+    )
     return dict(
         devices=v["devices"],
         micro_batch_size=v["batch_size"],
@@ -314,15 +321,16 @@ def _site_values(clients, devices, batch_size, wan_up, wan_down, inner_step_time
     """The per-site settings of :func:`cross_site_from_text` as :class:`collab.CrossSite`
     fields, each one value or one per site (8 devices and 128 sequences by default; the WAN
     rates and inner-step times None when not given)."""
-    per_site = {}
-    for field, text, parse in (
-        ("num_gpus", devices or "8", parse_counts),
-        ("batch_size", batch_size or "128", parse_counts),
-        ("wan_up", wan_up, parse_rates),
-        ("wan_down", wan_down, parse_rates),
-        ("inner_step_s", inner_step_time, parse_seconds),
-    ):
-        per_site[field] = _per_site(parse(text, field), text, field, clients)
+    per_site = _parse_per_site(
+        (
+            ("num_gpus", devices or "8", parse_counts),
+            ("batch_size", batch_size or "128", parse_counts),
+            ("wan_up", wan_up, parse_rates),
+            ("wan_down", wan_down, parse_rates),
+            ("inner_step_s", inner_step_time, parse_seconds),
+        ),
+        clients,
+    )
     return dict(
         devices=per_site["num_gpus"],
         batch_size=per_site["batch_size"],
