@@ -247,6 +247,11 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
+def _auto_words(auto: dict | None) -> str:
+    """What ``auto`` chose, in one parenthesis: `` (auto: recompute full, recompute_layers 3)``."""
+    return f" (auto: {', '.join(f'{k} {v}' for k, v in auto.items())})" if auto else ""
+
+
 def _stack_words(doc: dict) -> str:
     """The stack in a title: its name, or for a custom one the behaviours that differ from the
     registry's (``fused-attention``, ``attention-kernel=fa2``)."""
@@ -273,7 +278,7 @@ def print_estimate(doc: dict) -> None:
         + "".join(f" {k}={doc[k]}" for k in ("cp", "ep", "etp") if doc.get(k, 1) > 1)
         + (f" shard={doc['shard_size']}" if doc.get("shard_size") else "")
         + (f" recompute-layers={doc['recompute_layers']}" if doc.get("recompute_layers") else "")
-        + "".join(f" ({k} auto: {v})" for k, v in (doc.get("auto") or {}).items())
+        + _auto_words(doc.get("auto"))
     )
     console.print(title, highlight=False)
     t = Table()

@@ -353,7 +353,7 @@ def load_published_runs(
                 framework=fw,
                 stack=stack_name,
                 source_id=str(_cell(row, "source_id")),
-                auto={k: str(v.label) for k, v in chosen.items()},
+                auto={k: str(getattr(v, "label", v)) for k, v in chosen.items()},
                 fp8=dtype == "fp8",
                 fp8_pair=pair,
                 group="moe" if float(m.spec.num_experts) else "dense",

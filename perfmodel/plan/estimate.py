@@ -363,8 +363,10 @@ def least_that_fits(m: Model, hw: Hardware, strategies: list[Strategy]) -> int:
     for i, s in enumerate(strategies):
         groups.setdefault((s.stack, s.scope), []).append(i)
     for idx in groups.values():
-        batch = jax.tree.map(lambda *xs: jnp.stack(xs), *(strategies[i] for i in idx))
-        fits[idx] = np.asarray(_fits(m.spec, hw.spec, batch))
+        # padded to a power of two (the last repeated): one compiled program per size class
+        padded = idx + idx[-1:] * ((1 << (len(idx) - 1).bit_length()) - len(idx))
+        batch = jax.tree.map(lambda *xs: jnp.stack(xs), *(strategies[i] for i in padded))
+        fits[idx] = np.asarray(_fits(m.spec, hw.spec, batch))[: len(idx)]
     return int(np.argmax(fits)) if fits.any() else len(strategies) - 1
 
 

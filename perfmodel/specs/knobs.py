@@ -82,6 +82,8 @@ class Knob:
       flag_aliases: other options that mean this knob (spellings some commands used before).
       auto: the values ``auto`` tries, least memory-hungry last: ``auto`` means the first that
         fits in device memory (how practitioners choose recomputation or a ZeRO stage).
+      auto_rule: for a knob whose ``auto`` is a rule over the other knobs, not a memory
+        estimate (the virtual pipeline stages a recipe picks): what the rule does.
     """
 
     name: str
@@ -100,6 +102,7 @@ class Knob:
     tag: Callable[[Mapping[str, Any], bool], str] | None = None
     flag_aliases: tuple[str, ...] = ()
     auto: tuple = ()
+    auto_rule: str = ""
 
     @property
     def option(self) -> str:
@@ -139,7 +142,8 @@ class Knob:
           AisimError: naming the knob, the bad value and what is expected.
         """
         kind = self.kind
-        if self.auto and isinstance(value, str) and value.strip().lower() == "auto":
+        takes_auto = bool(self.auto or self.auto_rule)
+        if takes_auto and isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
         if kind is bool:
             out = bool_word(value) if not isinstance(value, int | float) else None
@@ -187,7 +191,7 @@ class Knob:
         """What a valid value looks like, for error messages."""
         if self.kind is int:
             if self.minimum == 1:
-                return "a positive integer"
+                return "a positive integer" + (" or auto" if self.auto_rule else "")
             return "an integer >= 0" if self.minimum == 0 else "an integer"
         if self.kind is float:
             lo = f" >= {self.minimum:g}" if self.minimum is not None else ""
@@ -303,8 +307,11 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "interleave", "batching", int, 1,
-        "Model chunks per device (v) for the interleaved schedule.",
+        "Model chunks per device (v) for the interleaved schedule; auto: about two layers "
+        "per chunk when pp > 1, as Megatron-Bridge's recipes.",
         aliases=("pipeline_interleaving", "num_model_chunks"), minimum=1, grid="all",
+        auto_rule="pp > 1: the most chunks of at least two layers each (1F1B when there is no "
+        "such split or the microbatches are not a multiple of pp)",
     ),
     # ---------------------------------------------------------------- memory plan
     Knob(
@@ -330,8 +337,9 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "recompute_layers", "memory", int, 0,
-        "With full recomputation: layers per pipeline stage recomputed (0 = all).",
-        aliases=("recompute_num_layers",), minimum=0,
+        "With full recomputation: layers per pipeline stage recomputed (0 = all); auto: the "
+        "fewest that fit when --recompute is auto.",
+        aliases=("recompute_num_layers",), minimum=0, auto=(0,),
         requires=(lambda k: k["recompute"] == Recompute.FULL, "0 unless recompute is full"),
     ),
     Knob(

@@ -316,7 +316,7 @@ def _default(knob_name: str, entry: Any, where: str) -> Default:
             raise bad_value(where, "same_as", entry["same_as"], "a layout or memory knob")
         return Default(knob_name, None, when, None, entry["same_as"])
     raw = entry["value"]
-    value = AUTO if raw == AUTO and knob.auto else knob.parse(raw, where)
+    value = AUTO if raw == AUTO and (knob.auto or knob.auto_rule) else knob.parse(raw, where)
     choices = entry.get("choices")
     if choices is not None:
         choices = tuple(knob.parse(c, where) for c in choices)

@@ -188,6 +188,25 @@ def _derive_microbatches(
     return num_microbatches
 
 
+# Megatron-Bridge's performance recipes split each pipeline stage into virtual stages of one to
+# four layers, two in the middle (docs/performance-summary-archive.md, 26.02 and 25.11 tables:
+# Llama 3 70B pp 4 vp 5, Llama 3.1 405B pp 8 vp 8 and pp 16 vp 4-8, Qwen3-235B pp 4 vp 12 and
+# pp 8 vp 3-4, DeepSeek-V3 pp 4 vp 4, Qwen3-30B pp 2 vp 24)
+LAYERS_PER_VIRTUAL_STAGE = 2
+RULED = ("interleave",)  # knobs whose ``auto`` is a rule, chosen without a memory estimate
+
+
+def recipe_interleave(pp: int, num_layers: int, num_microbatches: int) -> int:
+    """``interleave`` = ``auto``: the most virtual stages per device that leave each at least
+    :data:`LAYERS_PER_VIRTUAL_STAGE` layers, as the recipes split a pipeline stage; 1 (plain
+    1F1B) without pipeline parallelism, when no such split has two stages, or when the
+    microbatches are not a multiple of pp (the interleaved schedule needs it)."""
+    if pp < 2 or num_microbatches % pp:
+        return 1
+    v = num_layers // (pp * LAYERS_PER_VIRTUAL_STAGE)
+    return v if v >= 2 else 1
+
+
 def _check_schedule(
     schedule: Schedule, interleave: int, pp: int, num_layers: int, num_microbatches: int
 ) -> None:
@@ -289,8 +308,9 @@ def strategy_from_knobs(
         num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, stack=stack,
         tp_rule=tp_rule, num_experts=num_experts, seq_len=seq_len, **knobs,
     )  # fmt: skip
-    if len(cands) > 1 or cands[0][0]:
-        name = next(iter(cands[0][0]))
+    estimated = [k for k in cands[0][0] if k not in RULED]
+    if len(cands) > 1 or estimated:
+        name = estimated[0]
         raise bad_value(None, name, "auto", "a value: 'auto' is chosen by a memory estimate",
                         hint="use perfmodel.estimate, which picks the least that fits")  # fmt: skip
     return cands[0][1]
@@ -319,22 +339,49 @@ def strategy_candidates(
     preset = stack if isinstance(stack, StackPreset) else None
     values = _with_defaults(given, preset)
     autos = [k for k in ("zero_stage", "recompute") if values.get(k) == AUTO]
+    partial = values.get("recompute_layers") == AUTO
+    if partial:  # auto only when the recomputation is; a chosen "full" recomputes every layer
+        values["recompute_layers"] = 0
+        partial = "recompute" in autos
     if not autos:
-        return [({}, _build(values, given, preset, stack, num_layers, num_heads, num_kv_heads,
-                            tp_rule, num_experts, seq_len))]  # fmt: skip
+        s = _build(values, given, preset, stack, num_layers, num_heads, num_kv_heads, tp_rule,
+                   num_experts, seq_len)  # fmt: skip
+        return [(_ruled(values, s), s)]
     out, last_error = [], None
-    for combo in itertools.product(*(BY_NAME[k].auto for k in autos)):
-        chosen = dict(zip(autos, combo, strict=True))
+    for chosen in _auto_combos(values, autos, num_layers, partial):
         try:
             s = _build(values | chosen, given, preset, stack, num_layers, num_heads,
                        num_kv_heads, tp_rule, num_experts, seq_len)  # fmt: skip
         except AisimError as e:
             last_error = e
             continue
-        out.append((chosen, s))
+        out.append((chosen | _ruled(values, s), s))
     if not out:
         raise last_error
     return out
+
+
+def _auto_combos(values: dict[str, Any], autos: list[str], num_layers: int, partial: bool):
+    """The auto knobs' values to try, least recomputation first: with ``partial`` (the stack's
+    ``recompute_layers`` is auto: Megatron-Core's block method, ``--recompute-num-layers``), full
+    recomputation of 1, 2, ... layers per stage before all of them."""
+    per_stage = -(-num_layers // int(values["pp"]))
+    for combo in itertools.product(*(BY_NAME[k].auto for k in autos)):
+        chosen = dict(zip(autos, combo, strict=True))
+        if partial and chosen.get("recompute") == Recompute.FULL:
+            yield from (chosen | {"recompute_layers": k} for k in range(1, per_stage))
+        yield chosen
+
+
+def _codes(known: dict[str, Any]) -> dict[str, Any]:
+    """The strategy codes of the knobs with a value (not ``auto``) among ``known``."""
+    return {k: BY_NAME[k].code(v) for k, v in known.items() if v is not None and v != AUTO}
+
+
+def _ruled(values: dict[str, Any], s: Strategy) -> dict[str, Any]:
+    """The values a rule chose for the knobs that were ``auto`` by rule (:func:`recipe_interleave`),
+    to be reported with the ones the memory estimate chose."""
+    return {"interleave": int(s.batching.interleave)} if values.get("interleave") == AUTO else {}
 
 
 def _with_defaults(given: dict[str, Any], preset) -> dict[str, Any]:
@@ -342,9 +389,11 @@ def _with_defaults(given: dict[str, Any], preset) -> dict[str, Any]:
     known so far), then the registry's."""
     values = dict(given)
     if preset is not None:
-        known = {k.name: given.get(k.name, k.default) for k in KNOBS}
-        codes = {k: BY_NAME[k].code(v) for k, v in known.items() if v is not None and v != AUTO}
-        for k, v in preset.default_values(codes).items():
+        # twice: a default's condition reads the preset's own defaults (the 1F1B schedule is
+        # the default only where the interleave is 1, not where the preset leaves it to auto)
+        first = preset.default_values(_codes({k.name: given.get(k.name, k.default) for k in KNOBS}))
+        known = {k.name: given.get(k.name, first.get(k.name, k.default)) for k in KNOBS}
+        for k, v in preset.default_values(_codes(known)).items():
             values.setdefault(k, v)
     for knob in KNOBS:
         if knob.name not in values and knob.default is not None:
@@ -375,6 +424,8 @@ def _build(v, given, preset, stack, num_layers, num_heads, num_kv_heads, tp_rule
     v["num_microbatches"] = _derive_microbatches(
         v["dp"], v["micro_batch_size"], v.get("global_batch_size"), v.get("num_microbatches")
     )
+    if v["interleave"] == AUTO:
+        v["interleave"] = recipe_interleave(pp, num_layers, v["num_microbatches"])
     if v.get("schedule") is None:
         v["schedule"] = Schedule.INTERLEAVED if v["interleave"] > 1 else Schedule.ONE_F_ONE_B
     _check_schedule(v["schedule"], v["interleave"], pp, num_layers, v["num_microbatches"])
