@@ -109,6 +109,7 @@ def test_korthikanti_table5_within_calculon_bounds():
     assert float(r.constants.kernel_overhead_s) > 0
 
 
+@pytest.mark.slow  # compiles a fit's gradient
 def test_single_row_efficiency_fit_reproduces_the_measured_row():
     df = load_measurements(
         SHARED / "seed_distir_vs_colossal.csv",

@@ -55,6 +55,7 @@ def test_each_published_figure_is_compute_over_compute_plus_communication():
     assert sources.count("`compute_share_of_busy`") >= 2
 
 
+@pytest.mark.slow  # its fixture predicts every cross-site run
 def test_validation_compares_each_run_under_its_sources_definition(validation):
     t = validation.table.set_index("run")
     assert set(t["definition"]) == {"compute_share_of_busy"}

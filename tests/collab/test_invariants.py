@@ -86,6 +86,7 @@ def test_a_faster_link_never_raises_the_communication_share(size, up, down, step
     assert np.all(comm_after <= comm_before + 1e-3)
 
 
+@pytest.mark.slow  # a property over many drawn link settings, each a compiled sweep
 @SETTINGS
 @given(SIZES, RATES, st.integers(1, 500), st.sampled_from(range(len(SETUPS))))
 def test_doubling_the_slowest_link_helps_most(size, rates, steps, k):

@@ -89,6 +89,7 @@ def test_step_time_is_perfmodels_with_dp_over_the_sites_devices():
     assert float(collab.local_step_s(m, site)) == pytest.approx(float(ref.step_time_s), rel=1e-6)
 
 
+@pytest.mark.slow  # a property over many drawn rings, each a compiled sweep
 def test_ring_all_reduce_is_bounded_by_the_slowest_link():
     m = mlp_from_params("10M").spec
     sites = _sites()

@@ -65,6 +65,7 @@ def _fd_const(est, field, index=None, h=H):
     return (at(np.exp(h)) - at(np.exp(-h))) / (2 * h)
 
 
+@pytest.mark.slow  # compiles a Jacobian and finite differences
 def test_hardware_elasticities_match_finite_differences(est):
     s = elasticities(est.model, est.hardware, est.hardware.constants, est.strategy)
     e = s.hardware

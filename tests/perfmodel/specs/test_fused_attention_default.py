@@ -52,6 +52,7 @@ def test_estimate_takes_the_models_default_and_an_explicit_choice_wins(name, fus
     assert default.to_dict()["step_time_s"] != other.to_dict()["step_time_s"]
 
 
+@pytest.mark.slow  # compiles two grids
 def test_the_grid_searches_each_models_own_kernel_unless_told():
     for name, fused in (("llama3-8b", True), ("gpt3-1.3b", False)):
         res = sweep(name, "h100-sxm", num_gpus=8, global_batch=16, top=400)
