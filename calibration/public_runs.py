@@ -47,6 +47,7 @@ import pandas as pd
 
 from perfmodel.plan.estimate import attention_heads, least_that_fits, model_limits
 from perfmodel.plan.stack_constants import stack_constants
+from perfmodel.search.evaluate import fast_jit
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware, load_hardware
@@ -440,7 +441,8 @@ def evaluate_runs(
     return pd.DataFrame(out)
 
 
-_vmapped_step = jax.jit(jax.vmap(step_time, in_axes=(0, None, None, 0)))
+# a group holds a few dozen runs at most
+_vmapped_step = fast_jit(jax.vmap(step_time, in_axes=(0, None, None, 0)))
 
 
 def predict_runs(

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import compile_options
+from perfmodel.search.evaluate import compile_options, fast_jit
 from perfmodel.search.report import results_frame, row_to_result
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
@@ -348,7 +348,8 @@ def estimate(
     return Estimate(m, hw, s, out, cost_model, auto=auto)
 
 
-_fits = jax.jit(jax.vmap(fits_device, in_axes=(None, None, 0)))
+# memory only, over a few candidates
+_fits = fast_jit(jax.vmap(fits_device, in_axes=(None, None, 0)))
 
 
 def least_that_fits(m: Model, hw: Hardware, strategies: list[Strategy]) -> int:

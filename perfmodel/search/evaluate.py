@@ -3,10 +3,12 @@
 Contract: :func:`evaluate_grid` takes a struct-of-arrays strategy (leaves of shape ``(n,)``) and
 evaluates a one-strategy step function on every row in one compiled program, optionally reducing
 the result on the device (:mod:`perfmodel.search.reduce`). :func:`compile_options` picks XLA's
-options for the number of rows.
+options for the number of rows, and :func:`fast_jit` compiles a short program with them.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,23 @@ def compile_options(rows: int, platform: str | None = None) -> dict | None:
     if platform != "cpu" or rows > FAST_COMPILE_ROWS:
         return None
     return dict(_FAST_COMPILE)
+
+
+def fast_jit(fun, **jit_kwargs):
+    """``jax.jit(fun, **jit_kwargs)`` compiled with :func:`compile_options` for one row: for a
+    program that runs briefly on few rows (an estimate, a memory check, a small fit), where
+    compiling is most of the time. Built on the first call, when the backend is known, so that
+    importing a module that defines one does not start JAX's backend."""
+    jitted = None
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        nonlocal jitted
+        if jitted is None:
+            jitted = jax.jit(fun, compiler_options=compile_options(1), **jit_kwargs)
+        return jitted(*args, **kwargs)
+
+    return call
 
 
 def evaluate_grid(

@@ -190,9 +190,10 @@ class Knob:
     def expected(self) -> str:
         """What a valid value looks like, for error messages."""
         if self.kind is int:
+            auto = " or auto" if self.auto or self.auto_rule else ""
             if self.minimum == 1:
-                return "a positive integer" + (" or auto" if self.auto_rule else "")
-            return "an integer >= 0" if self.minimum == 0 else "an integer"
+                return "a positive integer" + auto
+            return ("an integer >= 0" if self.minimum == 0 else "an integer") + auto
         if self.kind is float:
             lo = f" >= {self.minimum:g}" if self.minimum is not None else ""
             hi = f" <= {self.maximum:g}" if self.maximum is not None else ""

@@ -356,6 +356,19 @@ def test_fast_compile_options_only_for_small_cpu_grids():
     assert ev.compile_options(1000, "gpu") is None and ev.compile_options(1, "tpu") is None
 
 
+def test_fast_jit_is_jit_with_the_small_grid_options():
+    # what the one-off programs (an estimate's memory check, a fit, the published runs) compile
+    # with: jax.jit's values, its static arguments, and the fast options, chosen on first call
+    def f(x, n):
+        return jax.numpy.sin(x) * n + jax.numpy.exp(-x)
+
+    fast = ev.fast_jit(f, static_argnames=("n",))
+    x = np.linspace(0.0, 3.0, 7, dtype=np.float32)
+    np.testing.assert_allclose(fast(x, n=3), jax.jit(f, static_argnames=("n",))(x, n=3), rtol=1e-6)
+    with pytest.raises(Exception, match="hash|static"):
+        fast(x, n=np.ones(2))  # a static argument must be hashable, as under jax.jit
+
+
 @pytest.mark.slow
 def test_fast_compile_equals_default_compile():
     # the same grid through both compiled programs (one per stack): only float32 rounding may

@@ -59,6 +59,10 @@ def test_auto_is_a_word_of_the_knob():
     with pytest.raises(AisimError) as e:
         knob.parse("x")
     assert "a positive integer or auto" in str(e.value)
+    with pytest.raises(AisimError) as e:  # the same for a knob whose auto is a memory search
+        BY_NAME["recompute_layers"].parse("abc")
+    assert "an integer >= 0 or auto" in str(e.value)
+    assert BY_NAME["recompute_layers"].parse("auto") == "auto"
 
 
 def test_auto_recomputation_recomputes_the_fewest_layers_that_fit():
