@@ -54,7 +54,8 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 
 
 def jsonable(x: Any) -> Any:
-    """``x`` with numpy/jax scalars and arrays as Python values, non-finite floats as ``None``."""
+    """``x`` with numpy/jax scalars and arrays as Python values, non-finite floats as ``None``,
+    and each float to the precision it carries (:func:`carried_float`)."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
@@ -63,11 +64,22 @@ def jsonable(x: Any) -> Any:
         x = x.item()
     if isinstance(x, np.ndarray):
         return jsonable(x.tolist())
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
+    if isinstance(x, float):
+        return carried_float(x) if math.isfinite(x) else None
     if hasattr(x, "shape") and getattr(x, "shape", None) == ():  # a jax scalar
         return jsonable(np.asarray(x).item())
     return x
+
+
+def carried_float(x: float) -> float:
+    """``x`` written with the digits it carries: a value that is exactly a float32 (the step
+    model, the fits and the federated engine compute in float32) becomes the shortest decimal
+    that reads back as that float32 (``0.33278394``, not ``0.33278393745422363``); any other
+    float is left as it is."""
+    x32 = np.float32(x)
+    if float(x32) != x or x == int(x):  # not a float32, or a whole number (a count) as it is
+        return x
+    return float(np.format_float_scientific(x32, unique=True))
 
 
 def to_json(obj: Any) -> str:

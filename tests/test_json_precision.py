@@ -1,0 +1,63 @@
+"""Numbers in ``--json`` documents carry the digits their computation holds: a float32 result is
+written as the shortest decimal that reads back as that float32 (``0.33278394``), not as the
+float64 expansion of it (``0.33278393745422363``); float64 values and whole numbers are left
+as they are."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+from typer.testing import CliRunner
+
+from aisim.app import app
+from simbase.io import carried_float, to_json
+
+NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def _long_numbers(text: str) -> list[str]:
+    """Fractions written with ten or more significant digits: more than a float32 carries (whole
+    numbers, such as byte counts, are written as they are)."""
+    digits = lambda n: len(n.split("e")[0].replace("-", "").replace(".", "").lstrip("0"))  # noqa: E731
+    return [n for n in NUMBER.findall(text) if digits(n) >= 10 and float(n) != int(float(n))]
+
+
+def test_a_float32_reads_back_as_itself_in_its_shortest_form():
+    rng = np.random.default_rng(0)
+    for v in rng.lognormal(0.0, 6.0, 500).astype(np.float32):
+        s = json.dumps(carried_float(float(v)))
+        assert np.float32(float(s)) == v and len(s.replace("-", "")) <= 15, s
+    assert carried_float(float(np.float32(0.33278394))) == 0.33278394
+    # float64 values, whole numbers (counts, even past 2**24) and non-floats are untouched
+    for x in (0.1, 1 / 3, 2.0**31, 1536.0, 1e-7):
+        assert carried_float(x) == x
+    doc = json.loads(to_json({"a": np.float32(0.1), "b": [np.float32(2.5)], "c": float("nan")}))
+    assert doc == {"a": 0.1, "b": [2.5], "c": None}
+
+
+def test_estimate_json_has_no_float64_tails():
+    r = CliRunner().invoke(
+        app,
+        [
+            "perf",
+            "estimate",
+            "--model",
+            "gpt3-13b",
+            "--gpus",
+            "64",
+            "--tp",
+            "4",
+            "--pp",
+            "2",
+            "--global-batch",
+            "256",
+            "--json",
+        ],  # fmt: skip
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert not _long_numbers(r.output), _long_numbers(r.output)[:5]
+    assert _long_numbers('"x": 0.33278393745422363') and not _long_numbers('"x": 0.0088613555')
+    assert 0.0 < doc["mfu"] < 1.0 and doc["step_time_s"] > 0
