@@ -50,7 +50,7 @@ from perfmodel.plan.uncertainty import (
     t_quantile,
     with_entries,
 )
-from perfmodel.search.evaluate import compile_options
+from perfmodel.search.evaluate import fast_jit
 from perfmodel.specs.stack_preset import load_stack
 from perfmodel.step.step_time import step_time
 from simbase.io import atomic_write_text
@@ -128,7 +128,7 @@ def _program(entries: tuple[str, ...]):
         return log_t(z), jax.jacfwd(log_t)(z)
 
     vm = jax.vmap(one, in_axes=(0, None, None, 0, None))
-    return jax.jit(vm, compiler_options=compile_options(1))
+    return fast_jit(vm)
 
 
 @dataclasses.dataclass

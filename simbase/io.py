@@ -79,7 +79,7 @@ def carried_float(x: float) -> float:
     x32 = np.float32(x)
     if float(x32) != x or x == int(x):  # not a float32, or a whole number (a count) as it is
         return x
-    return float(np.format_float_scientific(x32, unique=True))
+    return float(str(x32))  # numpy writes a float32 as its shortest round-trip decimal
 
 
 def to_json(obj: Any) -> str:

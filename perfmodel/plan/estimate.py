@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import compile_options, fast_jit
+from perfmodel.search.evaluate import fast_jit
 from perfmodel.search.report import results_frame, row_to_result
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
@@ -337,13 +337,11 @@ def estimate(
                 expected="both a strategy and knobs were given",
                 hint="pass {strategy} or the knobs (" + ", ".join(sorted(knobs)) + "), not both",
             )
-        out = jax.jit(step_fn, compiler_options=compile_options(1))(
-            m.spec, hw.spec, consts, strategy
-        )
+        out = fast_jit(step_fn)(m.spec, hw.spec, consts, strategy)
         return Estimate(m, hw, strategy, out, cost_model)
     cands = _candidates(m, hw, gpus_per_node, cost_model, knobs, stack)
     chosen, s = cands[least_that_fits(m, hw, [c[1] for c in cands])]
-    out = jax.jit(step_fn, compiler_options=compile_options(1))(m.spec, hw.spec, consts, s)
+    out = fast_jit(step_fn)(m.spec, hw.spec, consts, s)
     auto = {k: BY_NAME[k].label(BY_NAME[k].code(v)) for k, v in chosen.items()}
     return Estimate(m, hw, s, out, cost_model, auto=auto)
 
