@@ -51,10 +51,22 @@ def _mappings() -> int:
         return 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _free_compiled_executables():
-    """Drop every compiled program after a module when the mappings run high (module docstring)."""
-    yield
+def free_compiled_if_high() -> None:
+    """Drops every compiled program when the mappings run high (module docstring)."""
     if _mappings() > MAX_MAPPINGS:
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_executables():
+    yield
+    free_compiled_if_high()
+
+
+@pytest.fixture
+def free_compiled():
+    """For a module whose tests compile many programs (the documented commands run in the
+    test process): the check after each test rather than after the module."""
+    yield
+    free_compiled_if_high()

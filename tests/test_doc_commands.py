@@ -7,15 +7,31 @@ rows on the lines below, one ``file:row:`` line each). Each distinct command run
 scratch folder that links to the repository's folders and holds a copy of ``docs/`` (some commands
 rewrite figures), so ``--out`` files land there and later commands of a page can read them. The
 benchmarks honour ``AISIM_QUICK=1`` (smoke-test sizes), which this test sets.
+
+A command that is one plain ``aisim ...`` call (no pipe, redirection, ``&``, variable or prefix)
+runs in this process, through the console script's own entry point (:func:`aisim.app.main`) with
+the same arguments, folder and environment, its stdout and stderr captured and an escaping
+exception written as the traceback Python would print: that is what running it in bash does,
+less starting Python and importing aisim (2 s each), and the programs one command compiles are
+there for the next. The others (scripts, pipes, several processes, ``XLA_FLAGS=...``) run in bash.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
+import shlex
+import subprocess
 import sys
+import traceback
 from pathlib import Path
 
+import jax
 import pytest
+
+from aisim.app import main as aisim_main
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
@@ -36,10 +52,78 @@ def workdir(tmp_path_factory):
     return doc_commands.make_workdir(tmp_path_factory.mktemp("docs") / "work", ROOT)
 
 
+SHELL = set("|&;<>$`(){}*?~\\")  # anything bash would treat specially
+
+
+def plain_aisim_argv(command: str) -> list[str] | None:
+    """The arguments of a command that is one plain ``aisim`` call, else None."""
+    if SHELL & set(command):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    return words[1:] if words and words[0] == "aisim" else None
+
+
+def run_in_process(argv: list[str], cwd: Path, env: dict[str, str]):
+    """``aisim ARGV`` through its entry point in this process (module docstring): the exit
+    code, stdout and stderr as a subprocess would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = (dict(os.environ), os.getcwd(), sys.argv)
+    promotion = jax.config.jax_numpy_rank_promotion
+    os.environ.clear()
+    os.environ.update(env, AISIM_XLA_CACHE="off")  # programs stay in memory for the next command
+    os.chdir(cwd)
+    sys.argv = ["aisim", *argv]
+    jax.config.update("jax_numpy_rank_promotion", "allow")  # as in a user's process
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                aisim_main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # what Python prints for an exception nothing caught
+                traceback.print_exc(file=err)
+                code = 1
+    finally:
+        jax.config.update("jax_numpy_rank_promotion", promotion)
+        os.environ.clear()
+        os.environ.update(saved[0])
+        os.chdir(saved[1])
+        sys.argv = saved[2]
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def test_plain_aisim_argv():
+    assert plain_aisim_argv("aisim perf grid --gpus 8,16 --json") == [
+        "perf",
+        "grid",
+        "--gpus",
+        "8,16",
+        "--json",
+    ]
+    assert plain_aisim_argv("aisim fl run --x 'a b'") == ["fl", "run", "--x", "a b"]
+    for shell in (
+        "aisim a | jq .x",
+        "aisim a > f.md",
+        "X=1 aisim a",
+        "aisim a & aisim b",
+        "python x.py",
+        "aisim a --out $HOME",
+    ):
+        assert plain_aisim_argv(shell) is None
+
+
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[_id(c) for c in COMMANDS])
-def test_doc_command_runs(cmd: doc_commands.Command, workdir: Path):
+def test_doc_command_runs(cmd: doc_commands.Command, workdir: Path, free_compiled):
     env = doc_commands.command_env(columns=160, quick=True)
-    r = doc_commands.run(cmd.command, workdir, env, timeout_s=600)
+    argv = plain_aisim_argv(cmd.command)
+    if argv is None:
+        r = doc_commands.run(cmd.command, workdir, env, timeout_s=600)
+    else:
+        r = run_in_process(argv, workdir, env)
     assert r.returncode == cmd.expected_exit, (
         f"{_id(cmd)}\n$ {cmd.command}\nexit {r.returncode}, expected {cmd.expected_exit}\n"
         f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
