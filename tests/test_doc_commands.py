@@ -8,12 +8,14 @@ scratch folder that links to the repository's folders and holds a copy of ``docs
 rewrite figures), so ``--out`` files land there and later commands of a page can read them. The
 benchmarks honour ``AISIM_QUICK=1`` (smoke-test sizes), which this test sets.
 
-A command that is one plain ``aisim ...`` call (no pipe, redirection, ``&``, variable or prefix)
-runs in this process, through the console script's own entry point (:func:`aisim.app.main`) with
-the same arguments, folder and environment, its stdout and stderr captured and an escaping
-exception written as the traceback Python would print: that is what running it in bash does,
-less starting Python and importing aisim (2 s each), and the programs one command compiles are
-there for the next. The others (scripts, pipes, several processes, ``XLA_FLAGS=...``) run in bash.
+A command that is one plain ``aisim ...`` call (no redirection, ``&``, variable or prefix), or one
+piped into other programs (``aisim ... --json | jq ...``), runs that call in this process, through
+the console script's own entry point (:func:`aisim.app.main`) with the same arguments, folder and
+environment, its stdout and stderr captured (stdout fed to the rest of the pipe in bash, whose
+last program gives the exit code, as bash does) and an escaping exception written as the
+traceback Python would print: that is what running it in bash does, less starting Python and
+importing aisim (2 s each), and the programs one command compiles are there for the next. The
+others (scripts, redirections, several processes, ``XLA_FLAGS=...``) run in bash.
 """
 
 from __future__ import annotations
@@ -96,6 +98,23 @@ def run_in_process(argv: list[str], cwd: Path, env: dict[str, str]):
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
+def run_command(command: str, cwd: Path, env: dict[str, str]):
+    """One documented command as bash would run it (module docstring)."""
+    head, bar, rest = command.partition(" | ")
+    argv = plain_aisim_argv(head)
+    if argv is None:
+        return doc_commands.run(command, cwd, env, timeout_s=600)
+    r = run_in_process(argv, cwd, env)
+    if not bar:
+        return r
+    tail = subprocess.run(
+        ["bash", "-c", rest], cwd=cwd, env=env, input=r.stdout, capture_output=True, text=True
+    )
+    return subprocess.CompletedProcess(
+        command, tail.returncode, tail.stdout, r.stderr + tail.stderr
+    )
+
+
 def test_plain_aisim_argv():
     assert plain_aisim_argv("aisim perf grid --gpus 8,16 --json") == [
         "perf",
@@ -116,14 +135,18 @@ def test_plain_aisim_argv():
         assert plain_aisim_argv(shell) is None
 
 
+def test_a_piped_command_gives_what_bash_gives(tmp_path):
+    env = doc_commands.command_env(columns=160, quick=True)
+    for command in ("aisim --version | tr a-z A-Z", "aisim --version | grep -c nothing"):
+        ours = run_command(command, tmp_path, env)
+        bash = doc_commands.run(command, tmp_path, env)
+        assert (ours.returncode, ours.stdout) == (bash.returncode, bash.stdout), command
+
+
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[_id(c) for c in COMMANDS])
 def test_doc_command_runs(cmd: doc_commands.Command, workdir: Path, free_compiled):
     env = doc_commands.command_env(columns=160, quick=True)
-    argv = plain_aisim_argv(cmd.command)
-    if argv is None:
-        r = doc_commands.run(cmd.command, workdir, env, timeout_s=600)
-    else:
-        r = run_in_process(argv, workdir, env)
+    r = run_command(cmd.command, workdir, env)
     assert r.returncode == cmd.expected_exit, (
         f"{_id(cmd)}\n$ {cmd.command}\nexit {r.returncode}, expected {cmd.expected_exit}\n"
         f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
