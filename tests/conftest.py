@@ -1,12 +1,13 @@
 """Test-wide JAX settings.
 
 - Implicit rank promotion is an error, as in equinox's tests.
-- No persistent XLA compilation cache in this process: it holds every program the session
-  compiles, and serialising them all to disk added to the memory mappings below. The processes
-  the tests start (``aisim`` commands, as users run them with the cache on by default, and the
-  doc scripts, benchmarks and notebook kernels, through JAX's own ``JAX_COMPILATION_CACHE_DIR``)
-  share one cache folder for the session, so a program that many of them compile is compiled
-  once; it is removed when the session ends. The cache's own behaviour is tested in
+- One persistent XLA compilation cache folder for the whole session: the first process (xdist's
+  controller) makes it and removes it at exit, the workers inherit it, and so do the processes
+  the tests start (``aisim`` commands, as users run them with the cache on by default, and the doc
+  scripts, benchmarks and notebook kernels, through JAX's own ``JAX_COMPILATION_CACHE_DIR``). A
+  program that a worker compiled is loaded, not compiled again, by the other worker or a command.
+  The workers store only programs that took a second or more to compile: storing every small one
+  added to the memory mappings below. The cache's own behaviour is tested in
   ``tests/test_compilation_cache.py`` with a folder of its own.
 - No ``$COLUMNS`` or ``$LINES`` from outside: a test that cares about the terminal's width sets
   it itself (pytest-xdist's workers inherit ``COLUMNS=80``, a shell may export its own), so the
@@ -24,8 +25,11 @@ import os
 import shutil
 import tempfile
 
-_CACHE = tempfile.mkdtemp(prefix="aisim-test-xla-")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+_CACHE = os.environ.get("AISIM_TEST_XLA_CACHE")
+if not _CACHE:  # the session's first process (xdist's controller): one folder for all workers
+    _CACHE = tempfile.mkdtemp(prefix="aisim-test-xla-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ["AISIM_TEST_XLA_CACHE"] = _CACHE
 os.environ["AISIM_XLA_CACHE"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # wins over AISIM_XLA_CACHE (aisim.app)
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -36,7 +40,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-jax.config.update("jax_enable_compilation_cache", False)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 # well under the kernel's default limit of 65,530, with room for one module's compiles
