@@ -75,7 +75,7 @@ def run_in_process(argv: list[str], cwd: Path, env: dict[str, str]):
     saved = (dict(os.environ), os.getcwd(), sys.argv)
     promotion = jax.config.jax_numpy_rank_promotion
     os.environ.clear()
-    os.environ.update(env, AISIM_XLA_CACHE="off")  # programs stay in memory for the next command
+    os.environ.update(env)  # with the session's JAX_COMPILATION_CACHE_DIR (tests/conftest.py)
     os.chdir(cwd)
     sys.argv = ["aisim", *argv]
     jax.config.update("jax_numpy_rank_promotion", "allow")  # as in a user's process
