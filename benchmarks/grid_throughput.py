@@ -14,9 +14,10 @@ Measures, after compilation:
      configuration, the figure quoted in issue 3 (not measured here);
   5. the wall time of the whole ``aisim perf grid --model gpt3-175B --gpus 1024
      --global-batch 1536`` search, the first call (with compilation) and the next (compiled);
-  6. the command line as a user runs it cold (a fresh process, an empty compilation cache): the
-     default ``aisim perf grid`` and a DeepSeek-V3 grid on 2048 H100, against a fresh process
-     that imports JAX and runs one jitted op (the floor of any JAX command).
+  6. the command line as a user runs it cold (a fresh process, an empty compilation cache, and
+     aisim's bytecode written, as after any first run): the default ``aisim perf grid`` and a
+     DeepSeek-V3 grid on 2048 H100, against a fresh process that imports JAX and runs one
+     jitted op (the floor of any JAX command).
 
 Usage: ``python benchmarks/grid_throughput.py [--rows 2097152] [--loop 300] [--devices N]``
 (``--devices N`` splits the host CPU into N JAX devices, so the sharded grid uses N cores).
@@ -33,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 CALCULON_S_PER_CONFIG = 8e-3  # issue 3: "Calculon takes about 8 ms per configuration"
 
 
@@ -68,7 +70,7 @@ def main() -> None:
             os.environ.get("XLA_FLAGS", "")
             + f" --xla_force_host_platform_device_count={args.devices}"
         ).strip()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(ROOT))
 
     import jax
     import numpy as np
@@ -299,8 +301,18 @@ def _cold_s(args: list[str], repeats: int) -> float:
     return best
 
 
+def _write_bytecode() -> None:
+    """Compile aisim's packages to ``__pycache__`` as Python does on a first run, so that a
+    machine with ``PYTHONDONTWRITEBYTECODE`` set does not time compiling the sources."""
+    import compileall
+
+    for pkg in ("aisim", "perfmodel", "fl", "calibration", "collab", "simbase"):
+        compileall.compile_dir(ROOT / pkg, quiet=1)
+
+
 def cold_commands(repeats: int) -> None:
     """Part 6: the commands as a user starts them, cold (best of ``repeats``)."""
+    _write_bytecode()
     floor = _cold_s(["-c", JAX_FLOOR], repeats)
     print()
     print(f"cold command line (fresh process, empty compilation cache; best of {repeats}):")
