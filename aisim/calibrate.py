@@ -52,6 +52,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 # the prediction columns people see: these, and those that start with these prefixes
 SHOWN = ("model", "global_batch_size", "batch_size", "num_gpus", "world_size", "error_pct")
 SHOWN_PREFIXES = ("predicted_", "chosen_", "step_time_s_")
+PREDICT_MINOR = ("predicted_tflops_per_gpu", "predicted_mfu", "predicted_feasible",
+                 "predicted_throughput_samples_per_s")  # fmt: skip
 # library argument names -> this area's flags, where they differ from --name-with-dashes
 FLAGS = flag_names(free="--fit")
 
@@ -186,7 +188,14 @@ def predict_command(
             print_json({"rows": len(table), "predictions": table.to_dict(orient="records")})
             return
         show = [c for c in table.columns if c.startswith(SHOWN_PREFIXES) or c in SHOWN]
-        console.print(rich_table(table[show], title=f"predictions for {configs.name}"))
+        # the minor columns go first where the console is narrow (--out keeps them all)
+        minor = [c for c in PREDICT_MINOR if c in show] + [
+            c for c in show if c.startswith(("chosen_", "step_time_s_"))
+        ]
+        console.print(
+            rich_table(table[show], title=f"predictions for {configs.name}", drop=minor,
+                       wide_flag=None)
+        )  # fmt: skip
 
 
 app.command("import")(import_command)

@@ -46,6 +46,8 @@ TEXT_LOGS = ("log", "format", "model", "hardware")
 SHOWN = ("source_file", "source_row", "model", "hardware", "plugin", "num_gpus", "dp", "tp", "pp",
          "zero_stage", "global_batch_size", "seq_len", "throughput_samples_per_s",
          "measured_step_time_s", "tflops_per_gpu")  # fmt: skip
+# the Colossal-AI table's minor columns, dropped first on a narrow console (--out keeps them)
+COLOSSAL_MINOR = ("hardware", "tflops_per_gpu", "throughput_samples_per_s", "seq_len", "plugin")
 
 
 def import_colossal_command(
@@ -103,7 +105,9 @@ def import_colossal_command(
         shown = df[[c for c in SHOWN if c in df.columns]].copy()
         shown["source_file"] = [Path(f).name for f in shown["source_file"]]
         shown = shown.rename(columns={"source_file": "log", "source_row": "run"})
-        console.print(rich_table(shown, title=f"{len(df)} Colossal-AI runs"))
+        drop = [c for c in COLOSSAL_MINOR if c in shown.columns]
+        console.print(rich_table(shown, title=f"{len(df)} Colossal-AI runs", drop=drop,
+                                 wide_flag=None))  # fmt: skip
         for message in skipped:
             console.print(f"[yellow]skipped:[/yellow] {message}", highlight=False)
         if out is not None:

@@ -181,7 +181,8 @@ def _build_table(keep, headers, rows, left, options) -> Table:
     index = [list(headers).index(h) for h in keep]
     for h in keep:
         text = h in left
-        table.add_column(h, justify="left" if text else "right", no_wrap=not text)
+        # a header is never cut: a text column narrows its cells, not below its header
+        table.add_column(h, justify="left" if text else "right", no_wrap=not text, min_width=len(h))
     for row in rows:
         table.add_row(*(_one_line(row[i]) for i in index))
     return table
@@ -225,12 +226,14 @@ def rich_table(
     rich wraps the cells as it must.
     """
     cells = [[_cell(v, float_fmt) for v in row] for row in df.itertuples(index=False)]
-    headers = [str(c) for c in df.columns]
+    names = [str(c) for c in df.columns]
+    shown = short_headers(names)
+    headers = [shown[c] for c in names]
     if drop is not None:
         return fitted_table(
             headers,
             cells,
-            drop=[str(d) for d in drop],
+            drop=[shown.get(str(d), str(d)) for d in drop],
             wide=wide,
             wide_flag=wide_flag,
             title=title,
@@ -243,6 +246,62 @@ def rich_table(
     for row in cells:
         table.add_row(*row)
     return table
+
+
+# a column's header in tables for people (its name in --json, CSV and the library is unchanged):
+# the short names the CLI's options use, so that a header fits its numbers instead of being cut
+_SHORT = {
+    "source_file": "file",
+    "source_row": "row",
+    "num_gpus": "gpus",
+    "world_size": "gpus",
+    "num_layers": "layers",
+    "hidden_size": "hidden",
+    "global_batch_size": "batch",
+    "batch_size": "batch",
+    "micro_batch_size": "mbs",
+    "seq_len": "seq",
+    "zero_stage": "zero",
+    "step_time_s": "step_s",
+    "measured_step_time_s": "measured_s",
+    "predicted_step_time_s": "pred_s",
+    "throughput_samples_per_s": "samples/s",
+    "tflops_per_gpu": "tflops",
+    "feasible": "fits",
+    "error_pct": "error_%",
+    "sim_time_s": "sim_s",
+    "test_accuracy": "test_acc",
+    "clients_sampled": "sampled",
+    "clients_kept": "kept",
+    "clients_with_test": "tested",
+}
+_PREFIXES = (("predicted_", "pred_"), ("chosen_", "best_"), ("cv_", "cv_"))
+_SUFFIXES = ("_lo", "_hi")
+
+
+def short_header(name: str) -> str:
+    """The header a table shows for a result column: ``measured_step_time_s`` -> ``measured_s``,
+    ``predicted_throughput_samples_per_s`` -> ``pred_samples/s``, ``cv_error_pct`` ->
+    ``cv_error_%``, ``chosen_micro_batch_size`` -> ``best_mbs``; other names as they are."""
+    if name in _SHORT:
+        return _SHORT[name]
+    for prefix, short in _PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return short + short_header(name[len(prefix) :])
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in _SHORT:
+            return _SHORT[name[: -len(suffix)]] + suffix
+    return _SHORT.get(name, name)
+
+
+def short_headers(names: Sequence[str]) -> dict[str, str]:
+    """:func:`short_header` of each name, except where two would read the same (both keep
+    their names)."""
+    short = {n: short_header(n) for n in names}
+    seen: dict[str, int] = {}
+    for s in short.values():
+        seen[s] = seen.get(s, 0) + 1
+    return {n: s if seen[s] == 1 else n for n, s in short.items()}
 
 
 def _cell(v: Any, float_fmt: str) -> str:

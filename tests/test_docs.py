@@ -98,3 +98,15 @@ def test_the_readmes_python_quick_start_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) == 1
     exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102 - the README's own code
+
+
+def test_no_table_on_the_pages_cuts_a_header():
+    """Every table a documented command prints (as pasted, at 100 columns) shows its headers
+    whole: a header cut to '…' is a column whose short name should have been shown."""
+    cut = [
+        f"{page.relative_to(ROOT)}: {line.strip()}"
+        for page in PAGES
+        for line in page.read_text().splitlines()
+        if "┃" in line and any(c.strip().endswith("…") for c in line.split("┃"))
+    ]
+    assert not cut, "\n".join(cut)

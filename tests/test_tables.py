@@ -119,3 +119,24 @@ def test_fitted_table_drops_in_priority_order_and_names_what_it_hid():
     assert "hidden: c, a (use --wide)" in text and "2" * 12 in text and "1" * 12 not in text
     everything = console_mod.fitted_table(headers, rows, drop=["c"], width=40, wide=True)
     assert console_mod.natural_width(everything) > 40 and everything.caption is None
+
+
+def test_result_columns_get_short_headers_and_keep_their_names_elsewhere():
+    short = console_mod.short_header
+    assert short("measured_step_time_s") == "measured_s"
+    assert short("predicted_step_time_s") == "pred_s"
+    assert short("cv_predicted_step_time_s") == "cv_pred_s"
+    assert short("cv_error_pct") == "cv_error_%"
+    assert short("predicted_throughput_samples_per_s") == "pred_samples/s"
+    assert short("chosen_micro_batch_size") == "best_mbs"
+    assert short("step_time_s_lo") == "step_s_lo"
+    assert short("compute %") == "compute %"  # a header already chosen for people
+    # two columns that would read the same keep their names
+    both = console_mod.short_headers(["global_batch_size", "batch_size", "num_gpus"])
+    assert both == {"global_batch_size": "global_batch_size", "batch_size": "batch_size",
+                    "num_gpus": "gpus"}  # fmt: skip
+    import pandas as pd
+
+    df = pd.DataFrame({"measured_step_time_s": [1.5], "error_pct": [2.0]})
+    table = console_mod.rich_table(df, drop=["error_pct"])
+    assert [str(c.header) for c in table.columns] == ["measured_s", "error_%"]
