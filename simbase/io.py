@@ -82,6 +82,23 @@ def carried_float(x: float) -> float:
     return float(str(x32))  # numpy writes a float32 as its shortest round-trip decimal
 
 
+def carried_floats(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each float64 column whose every value is exactly a float32 held as float32,
+    so that a CSV writes the digits the values carry (``0.31983986``, not
+    ``0.31983986496925354``); no value changes, and other columns are left as they are."""
+    cast = {}
+    for name in df.columns:
+        col = df[name]
+        if col.dtype != np.float64:
+            continue
+        values = col.to_numpy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            same = values.astype(np.float32).astype(np.float64) == values
+        if np.all(same | np.isnan(values)):
+            cast[name] = np.float32
+    return df.astype(cast) if cast else df
+
+
 def to_json(obj: Any) -> str:
     """Serialises results (numpy/jax scalars, NaN as null) to an indented JSON string."""
     return json.dumps(jsonable(obj), indent=2, sort_keys=False)
@@ -151,7 +168,7 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike) -> None:
     check_table_suffix(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        atomic_write_text(path, df.to_csv(index=False))
+        atomic_write_text(path, carried_floats(df).to_csv(index=False))
     elif suffix == ".json":
         atomic_write_text(path, to_json(df.to_dict(orient="records")))
     else:

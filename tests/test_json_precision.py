@@ -1,4 +1,4 @@
-"""Numbers in ``--json`` documents carry the digits their computation holds: a float32 result is
+"""Numbers in ``--json`` documents and written CSV tables carry the digits their computation holds: a float32 result is
 written as the shortest decimal that reads back as that float32 (``0.33278394``), not as the
 float64 expansion of it (``0.33278393745422363``); float64 values and whole numbers are left
 as they are."""
@@ -61,3 +61,28 @@ def test_estimate_json_has_no_float64_tails():
     assert not _long_numbers(r.output), _long_numbers(r.output)[:5]
     assert _long_numbers('"x": 0.33278393745422363') and not _long_numbers('"x": 0.0088613555')
     assert 0.0 < doc["mfu"] < 1.0 and doc["step_time_s"] > 0
+
+
+def test_a_csv_writes_float32_columns_with_their_digits(tmp_path):
+    import pandas as pd
+
+    from simbase.io import write_table
+
+    acc = np.float32([0.31983986, 0.8403025, 1.7])
+    df = pd.DataFrame(
+        {
+            "round": [1, 2, 3],
+            "test_accuracy": [float(v) for v in acc],  # float32 results held as float64
+            "wall_s": [0.1, 1 / 3, 2.5],  # a float64 column stays as it is
+            "bytes_up": [14640.0, float("nan"), 2.0**31 + 1],  # not all float32: as it is
+        }
+    )
+    path = tmp_path / "m.csv"
+    write_table(df, path)
+    text = path.read_text()
+    assert "0.31983986," in text and "0.8403025," in text and "1.7," in text
+    assert not _long_numbers(text.replace(repr(1 / 3), ""))  # only the float64 third is long
+    back = pd.read_csv(path)
+    assert (back.test_accuracy.to_numpy(np.float32) == acc).all()  # the same float32s
+    assert back.wall_s.tolist() == df.wall_s.tolist()
+    assert back.bytes_up.iloc[2] == 2.0**31 + 1
