@@ -250,31 +250,14 @@ def rich_table(
 
 # a column's header in tables for people (its name in --json, CSV and the library is unchanged):
 # the short names the CLI's options use, so that a header fits its numbers instead of being cut
-_SHORT = {
-    "source_file": "file",
-    "source_row": "row",
-    "num_gpus": "gpus",
-    "world_size": "gpus",
-    "num_layers": "layers",
-    "hidden_size": "hidden",
-    "global_batch_size": "batch",
-    "batch_size": "batch",
-    "micro_batch_size": "mbs",
-    "seq_len": "seq",
-    "zero_stage": "zero",
-    "step_time_s": "step_s",
-    "measured_step_time_s": "measured_s",
-    "predicted_step_time_s": "pred_s",
-    "throughput_samples_per_s": "samples/s",
-    "tflops_per_gpu": "tflops",
-    "feasible": "fits",
-    "error_pct": "error_%",
-    "sim_time_s": "sim_s",
-    "test_accuracy": "test_acc",
-    "clients_sampled": "sampled",
-    "clients_kept": "kept",
-    "clients_with_test": "tested",
-}
+_SHORT = {"source_file": "file", "source_row": "row", "num_gpus": "gpus", "world_size": "gpus",
+          "num_layers": "layers", "hidden_size": "hidden", "global_batch_size": "batch",
+          "batch_size": "batch", "micro_batch_size": "mbs", "seq_len": "seq",
+          "zero_stage": "zero", "step_time_s": "step_s", "measured_step_time_s": "measured_s",
+          "predicted_step_time_s": "pred_s", "throughput_samples_per_s": "samples/s",
+          "tflops_per_gpu": "tflops", "feasible": "fits", "error_pct": "error_%",
+          "sim_time_s": "sim_s", "test_accuracy": "test_acc", "clients_sampled": "sampled",
+          "clients_kept": "kept", "clients_with_test": "tested"}  # fmt: skip
 _PREFIXES = (("predicted_", "pred_"), ("chosen_", "best_"), ("cv_", "cv_"))
 _SUFFIXES = ("_lo", "_hi")
 
