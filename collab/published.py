@@ -27,7 +27,7 @@ import pandas as pd
 from collab.cross_site import CrossSite, evaluate, inner_step_times, make_exchange
 from collab.round_model import collab_round
 from collab.scenario_model import WAN
-from perfmodel import load_hardware, resolve_model
+from perfmodel import KNOBS, load_hardware, resolve_model
 from simbase.errors import AisimError, bad_value
 from simbase.io import read_text
 
@@ -51,14 +51,11 @@ _RUN_OPTIONAL += (
     "wan_rtt_ms",
     "tcp_window_bytes",
 )
-# columns a table may leave out (blank or absent: not used)
-_RUN_EXTRA = (
-    "window_s",
-    "published_inner_step_s",
-    "recompute_modules",
-    "logit_bytes",
-    "fsdp_fp32_params",
-)
+# columns a table may leave out (blank or absent: not used); besides these, a column named
+# after a software-stack knob (perfmodel's registry, by name or alias) sets that knob for its
+# rows, read and checked by the registry
+_RUN_EXTRA = ("window_s", "published_inner_step_s")
+STACK_COLUMNS = {n: k for k in KNOBS if k.home == "stack" for n in (k.name, *k.aliases)}
 
 
 def crosssite_runs_path() -> Path:
@@ -81,9 +78,9 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     ``compute_utilization`` or ``compute_share_of_busy``; optional ``published_sync_s``,
     ``published_round_compute_s``, ``published_mfu_pct``). Optional columns: ``window_s`` the
     round's fixed length when the protocol sets it, ``published_inner_step_s`` a published
-    per-step time that replaces the step model's (only where a source gives one),
-    ``recompute_modules``, ``logit_bytes`` and ``fsdp_fp32_params`` (0 or 1)
-    (:func:`perfmodel.estimate`'s knobs of those names).
+    per-step time that replaces the step model's (only where a source gives one), and any
+    software-stack knob of :func:`perfmodel.estimate` by its name (``logit_bytes``, ...): a
+    blank cell leaves the knob at its default.
 
     Raises:
       AisimError: a missing column, a bad value (naming the file, ``row N: column`` and the
@@ -110,10 +107,7 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
             v = float(r[col])
             if not (math.isnan(v) or (math.isfinite(v) and v > 0)):
                 raise bad_value(where, f"row {i + 1}: {col}", r[col], "a positive number or blank")
-        if "fsdp_fp32_params" in df.columns and _extra(r, "fsdp_fp32_params") not in (None, 0, 1):
-            raise bad_value(
-                where, f"row {i + 1}: fsdp_fp32_params", r["fsdp_fp32_params"], "0, 1 or blank"
-            )
+        _stack_knobs(r, f"{where}: row {i + 1}")
         if r["utilization_definition"] not in DEFINITIONS:
             raise bad_value(
                 where, f"row {i + 1}: utilization_definition", r["utilization_definition"],
@@ -128,6 +122,22 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
 
 def _present(df, cols) -> tuple:
     return tuple(c for c in cols if c in df.columns)
+
+
+def _stack_knobs(row, where: str) -> dict:
+    """The software-stack knobs a row's optional columns set (a column by a stack knob's name
+    or alias, its cell not blank), each checked by the registry."""
+    out = {}
+    for col in row.index:
+        knob = STACK_COLUMNS.get(str(col))
+        if knob is None or knob.name == "fused_attention" or _extra(row, col) is None:
+            continue  # fused_attention is a required column, read with the others
+        value = row[col]
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a whole number in a column that has blanks reads as a float
+        knob.parse(value, where)  # checked here, parsed where the strategy is built
+        out[knob.name] = value
+    return out
 
 
 def _extra(row, col):
@@ -150,13 +160,7 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
     if not pd.isna(row["wan_rtt_ms"]):
         lat = 0.5 * float(row["wan_rtt_ms"]) * 1e-3
     window = math.inf if pd.isna(row["tcp_window_bytes"]) else float(row["tcp_window_bytes"])
-    knobs = {}
-    if _extra(row, "recompute_modules") is not None:
-        knobs["recompute_modules"] = str(row["recompute_modules"])
-    if _extra(row, "logit_bytes") is not None:
-        knobs["logit_bytes"] = float(row["logit_bytes"])
-    if _extra(row, "fsdp_fp32_params") is not None:
-        knobs["fsdp_fp32_params"] = bool(int(row["fsdp_fp32_params"]))
+    knobs = _stack_knobs(row, f"cross-site run {row.get('run', row.name)}")
     step = _extra(row, "published_inner_step_s")
     return CrossSite(
         model=m,

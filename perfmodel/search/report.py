@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfmodel.specs.choices import RecomputeModule
 from perfmodel.specs.knobs import KNOBS, LEAF_KNOBS, STACK_KNOBS
-from perfmodel.specs.strategy import Strategy, default_grad_reduce_fp32, leaves_of
+from perfmodel.specs.strategy import Strategy, leaves_of
 from perfmodel.step.breakdown import BREAKDOWN_TERMS, StepBreakdown
 
 SCALAR_KEYS = (
@@ -53,16 +53,14 @@ def _leaf_column(knob, codes: np.ndarray) -> np.ndarray:
 def strategy_columns(s: Strategy) -> dict[str, np.ndarray]:
     """One column per registry knob (choices by label, switches as booleans), the stack's name,
     and the job's ``global_batch_size`` and ``num_gpus``; a stack knob is the same in every
-    row, ``grad_reduce_fp32`` resolved from the dtype when the stack leaves it automatic."""
+    row, and an automatic stack knob as the registry derives it from the row."""
     leaves = {k: np.asarray(v) for k, v in leaves_of(s).items()}
     n = np.atleast_1d(leaves["dp"]).shape
     out: dict[str, np.ndarray] = {k.name: _leaf_column(k, leaves[k.name]) for k in LEAF_KNOBS}
     for k in STACK_KNOBS:
         value = k.label(getattr(s.stack, k.name))
-        if k.name == "grad_reduce_fp32" and value is None:
-            dtypes = np.atleast_1d(out["dtype"])
-            col = np.asarray([default_grad_reduce_fp32(d) for d in dtypes], bool)
-            out[k.name] = col.reshape(np.shape(out["dtype"]))
+        if value is None and k.derive is not None:  # automatic: as the registry derives it
+            out[k.name] = np.asarray(k.derive(leaves), bool).reshape(np.shape(leaves["dp"]))
         elif k.kind is RecomputeModule:
             out[k.name] = np.full(n, value, dtype=object).reshape(np.shape(leaves["dp"]))
         else:

@@ -84,6 +84,9 @@ class Knob:
         fits in device memory (how practitioners choose recomputation or a ZeRO stage).
       auto_rule: for a knob whose ``auto`` is a rule over the other knobs, not a memory
         estimate (the virtual pipeline stages a recipe picks): what the rule does.
+      derive: for a knob whose default is ``None`` (automatic), its value from the other
+        knobs' codes (scalars, numpy columns or traced arrays alike): what reports show and
+        what the physics uses.
     """
 
     name: str
@@ -103,6 +106,7 @@ class Knob:
     flag_aliases: tuple[str, ...] = ()
     auto: tuple = ()
     auto_rule: str = ""
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
 
     @property
     def option(self) -> str:
@@ -238,6 +242,13 @@ class Knob:
 
 def _needs_zero3(k):
     return k["zero_stage"] == ZeroStage.PARAMETERS
+
+
+def _grad_reduce_fp32_auto(dtype):
+    """Megatron-Core's rule: bf16 training (and fp8/fp4, whose GEMM inputs are cast from bf16
+    weights) accumulates and reduces gradients in fp32 (``accumulate_allreduce_grads_in_fp32``);
+    fp16 and fp32 training keep the gradient in the compute dtype. ``dtype`` is a code."""
+    return (dtype == Dtype.BF16) | (dtype >= Dtype.FP8)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -390,6 +401,7 @@ KNOBS: tuple[Knob, ...] = (
         "grad_reduce_fp32", "stack", GRAD_REDUCE_WORDS, None,
         "Gradient accumulation and reduction dtype: auto (fp32 for bf16/fp8, as Megatron-Core), "
         "fp32 or bf16.", flag="--grad-reduce-dtype", aliases=("grad_reduce_dtype",),
+        derive=lambda k: _grad_reduce_fp32_auto(k["dtype"]),
     ),
     Knob(
         "param_remainders", "stack", bool, False,

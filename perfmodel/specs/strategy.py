@@ -200,19 +200,14 @@ def leaves_of(s: Strategy) -> dict[str, Any]:
 
 def strategy_to_dict(s: Strategy) -> dict[str, object]:
     """The knobs of one (unbatched) strategy by registry name, as reports show them: numbers,
-    booleans and choice labels; ``grad_reduce_fp32`` resolved from the dtype when automatic."""
-    out = {k.name: k.label(np.asarray(leaves_of(s)[k.name]).item()) for k in LEAF_KNOBS}
-    out |= {k.name: k.label(getattr(s.stack, k.name)) for k in STACK_KNOBS}
-    if out["grad_reduce_fp32"] is None:
-        out["grad_reduce_fp32"] = default_grad_reduce_fp32(out["dtype"])
+    booleans and choice labels; an automatic stack knob as the registry derives it."""
+    codes = {name: np.asarray(v).item() for name, v in leaves_of(s).items()}
+    out = {k.name: k.label(codes[k.name]) for k in LEAF_KNOBS}
+    for k in STACK_KNOBS:
+        value = getattr(s.stack, k.name)
+        out[k.name] = k.label(value if value is not None or k.derive is None else
+                              bool(k.derive(codes)))  # fmt: skip
     return out
-
-
-def default_grad_reduce_fp32(dtype: str | int) -> bool:
-    """Megatron-Core's rule: bf16 training (and fp8/fp4, whose GEMM inputs are cast from bf16
-    weights) accumulates and reduces gradients in fp32 (``accumulate_allreduce_grads_in_fp32``);
-    fp16 and fp32 training keep the gradient in the compute dtype."""
-    return Dtype.parse(dtype, "dtype") in (Dtype.BF16, Dtype.FP8, Dtype.FP4)
 
 
 def strategy_from_row(row: Mapping[str, Any]) -> Strategy:

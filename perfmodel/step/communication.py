@@ -29,7 +29,7 @@ from perfmodel.step.memory import (
     stage_params_split,
 )
 from perfmodel.step.moe import moe_traffic
-from perfmodel.step.recipes import recipe_costs
+from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.select import where
 from perfmodel.step.torch_ring import FP32_BYTES, torch_ring_kv_elements
 
@@ -91,7 +91,7 @@ def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full, fp8=F
     gather"), as torchao's ``Float8ColwiseParallel``/``Float8RowwiseParallel`` do for torchtitan;
     the reduce-scatters of GEMM outputs stay in the activation dtype, and so do the embedding's.
     What the gathers carry follows the stack's recipe (:func:`perfmodel.step.recipes.
-    recipe_costs`): block and MX scales add their bytes, torchao's ``rowwise`` and FP4 gather
+    stack_recipe`): block and MX scales add their bytes, torchao's ``rowwise`` and FP4 gather
     16-bit values; under current scaling (``tensorwise``, NVFP4) each gathered input's amax is
     first all-reduced over the TP group (one 4-byte all-reduce per gather: its latency).
     """
@@ -132,9 +132,9 @@ def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full, fp8=F
             t = t + blocks * pairs * coll.all_reduce_s(tp, 4.0, alpha, beta)
         return t
 
-    low_s = gathered_s(recipe_costs(s.stack.fp8_recipe))
+    low_s = gathered_s(stack_recipe(s.stack))
     if fp4 is not False:
-        low_s = where(fp4, gathered_s(recipe_costs(s.stack.fp8_recipe, fp4=True)), low_s)
+        low_s = where(fp4, gathered_s(stack_recipe(s.stack, fp4=True)), low_s)
     return where(sp & fp8, low_s, plain_s)
 
 
@@ -298,8 +298,8 @@ def _gathered_bytes_per_param(s: Strategy):
         # (``--fp8-param-gather``; Megatron-Bridge's FP8 and NVFP4 presets), under recipes that
         # keep low-precision weights (not torchao's rowwise)
         part = mem.zero_stage >= ZeroStage.OPTIMIZER
-        c8 = recipe_costs(stack.fp8_recipe)
-        c4 = recipe_costs(stack.fp8_recipe, fp4=True)
+        c8 = stack_recipe(stack)
+        c4 = stack_recipe(stack, fp4=True)
         if c8.weight_bytes is not None:
             w_b = where((mem.dtype == Dtype.FP8) & part, c8.weight_bytes, w_b)
         if c4.weight_bytes is not None:

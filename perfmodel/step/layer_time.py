@@ -30,7 +30,7 @@ from perfmodel.specs.strategy import Strategy
 from perfmodel.step.eager import eager_elementwise_bytes
 from perfmodel.step.moe import moe_forward_ops, routed_tokens
 from perfmodel.step.precision import Precision
-from perfmodel.step.recipes import BLOCK_SCALED, recipe_costs
+from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.recompute import Redone, redone_ops
 from perfmodel.step.roofline import op_time_s, quantize_ops
 from perfmodel.step.select import where
@@ -59,7 +59,7 @@ def timer(hw: HardwareSpec, c: Constants, prec: Precision, s: Strategy):
 
     Weight GEMMs run at the linear peak, FP8 ones at ``fp8_matmul_efficiency_ratio`` of the
     16-bit efficiency (times ``fp8_block_scaled_gemm_ratio`` under a row-, block- or MX-scaled
-    recipe: :data:`~perfmodel.step.recipes.BLOCK_SCALED`), FP4 ones at
+    recipe: ``RecipeCost.block_scaled``), FP4 ones at
     ``fp4_matmul_efficiency_ratio``, saturating at the same time per kernel (the half-size in
     FLOPs scales with the peak); a fused attention kernel at ``attention_efficiency_ratio`` of
     a GEMM's (cuDNN's), and FlashAttention-2 at the hardware's ``fa2_attention_ratio`` of that;
@@ -70,7 +70,7 @@ def timer(hw: HardwareSpec, c: Constants, prec: Precision, s: Strategy):
     if prec.fp8 is not False:
         peak_ratio = prec.linear_peak / jnp.maximum(prec.half_peak, 1.0)
         ratio = c.fp8_matmul_efficiency_ratio
-        if s.stack.fp8_recipe in BLOCK_SCALED:
+        if stack_recipe(s.stack).block_scaled:
             ratio = ratio * c.fp8_block_scaled_gemm_ratio
         ratio = where(prec.fp4, c.fp4_matmul_efficiency_ratio, ratio)
         lin_c = dataclasses.replace(
@@ -99,7 +99,7 @@ def _fp8_casts(m: ModelSpec, s: Strategy, moe_layer: bool, prec: Precision):
     """The recipe's quantization kernels of one layer (forward, backward): every FP8/FP4 GEMM
     input is cast from 16 bits (and, for the weight gradient, transposed or scaled along the
     other axis) in the forward, every output gradient in the backward, at the stack recipe's
-    bytes per element and kernels per tensor (:func:`perfmodel.step.recipes.recipe_costs`);
+    bytes per element and kernels per tensor (:func:`perfmodel.step.recipes.stack_recipe`);
     a recipe without cached low-precision weights (``rowwise``) casts the layer's weights too,
     on every microbatch."""
     lay, b = s.layout, s.batching.micro_batch_size
@@ -121,8 +121,8 @@ def _fp8_casts(m: ModelSpec, s: Strategy, moe_layer: bool, prec: Precision):
         mlp_in = T * (h + f / tp)
         mlp_out_grads = T * (f * g / tp + h)
         weights = weights + h * f * (g + 1.0) / tp
-    c8 = recipe_costs(s.stack.fp8_recipe)
-    c4 = recipe_costs(s.stack.fp8_recipe, fp4=True)
+    c8 = stack_recipe(s.stack)
+    c4 = stack_recipe(s.stack, fp4=True)
     per_elem = where(prec.fp4, c4.cast_bytes, c8.cast_bytes)
     kernels = 4.0 * where(prec.fp4, c4.cast_kernels, c8.cast_kernels)
     fwd_elems = attn_in + mlp_in

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel.specs.choices import Dtype, Recompute, Schedule, ZeroStage
+from perfmodel.specs.knobs import BY_NAME
 from perfmodel.specs.model import (
     ModelSpec,
     attention_shape,
@@ -53,7 +54,7 @@ from perfmodel.specs.model import (
 from perfmodel.specs.strategy import Batching, Layout, MemoryPlan, Strategy
 from perfmodel.step.moe import moe_activation_bytes
 from perfmodel.step.precision import activation_bytes
-from perfmodel.step.recipes import recipe_costs
+from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.recompute import saved_elements
 from perfmodel.step.select import where
 
@@ -141,7 +142,7 @@ def grad_bytes_per_param(s: Strategy) -> Float[Array, ""]:
     full = (dtype == Dtype.FP32) | (dtype == Dtype.TF32)
     fp32 = s.stack.grad_reduce_fp32
     if fp32 is None:
-        fp32 = (dtype == Dtype.BF16) | (dtype >= Dtype.FP8)
+        fp32 = BY_NAME["grad_reduce_fp32"].derive({"dtype": dtype})
     return where(full | fp32, 4.0, 2.0)
 
 
@@ -328,8 +329,8 @@ def _low_precision_weights(s: Strategy, w_b, p):
     fp8_copy = 0.0
     part = mem.zero_stage >= ZeroStage.OPTIMIZER
     for dtype, cost in (
-        (Dtype.FP8, recipe_costs(s.stack.fp8_recipe)),
-        (Dtype.FP4, recipe_costs(s.stack.fp8_recipe, fp4=True)),
+        (Dtype.FP8, stack_recipe(s.stack)),
+        (Dtype.FP4, stack_recipe(s.stack, fp4=True)),
     ):
         if cost.weight_bytes is None:
             continue

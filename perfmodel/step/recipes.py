@@ -1,8 +1,9 @@
 """What a low-precision recipe costs beside its GEMMs: cast kernels, scales, amax reductions.
 
-Contract: :func:`recipe_costs` maps the stack's static :class:`~perfmodel.specs.choices.
+Contract: :func:`stack_recipe` maps a stack's static :class:`~perfmodel.specs.choices.
 Fp8Recipe` (and whether the dtype is FP4) to a :class:`RecipeCost` of plain numbers, so the
-step function branches on the recipe in Python and compiles only its terms (STYLE rule 18).
+step function branches on the recipe in Python and compiles only its terms (STYLE rule 18);
+the step terms read the recipe only through it.
 The bytes are per element of a quantized GEMM input, counted from each recipe's kernels:
 
 - ``delayed`` (Transformer Engine ``DelayedScaling``): one fused cast-transpose reads the
@@ -54,16 +55,17 @@ class RecipeCost(NamedTuple):
     dynamic_weights: bool  # weights re-quantized on every microbatch
     amax_per_pass: bool  # amax buffers all-reduced over the amax group, forward and backward
     amax_per_gather: bool  # each all-gathered input's amax all-reduced over TP first
+    block_scaled: bool = False  # per-row or per-block scales: the GEMMs' own efficiency ratio
 
 
 _FP8 = {
     Fp8Recipe.DELAYED: RecipeCost(4.0, 1.0, 1.0, 1.0, False, True, False),
     Fp8Recipe.TENSORWISE: RecipeCost(6.0, 2.0, 1.0, 1.0, False, False, True),
-    Fp8Recipe.ROWWISE: RecipeCost(10.0, 4.0, None, None, True, False, False),
+    Fp8Recipe.ROWWISE: RecipeCost(10.0, 4.0, None, None, True, False, False, True),
     Fp8Recipe.BLOCKWISE: RecipeCost(4.0 + 8.0 / 128.0, 1.0, 1.0 + 4.0 / 128.0, 1.0 + 4.0 / 128.0,
-                                    False, False, False),
+                                    False, False, False, True),
     Fp8Recipe.MXFP8: RecipeCost(4.0 + 2.0 / 32.0, 1.0, 1.0 + 1.0 / 32.0, 1.0 + 1.0 / 32.0,
-                                False, False, False),
+                                False, False, False, True),
 }  # fmt: skip
 _NVFP4 = RecipeCost(2.0 + 2.0 + 2.0 * (0.5 + 1.0 / 16.0), 2.0, None, 0.5 + 1.0 / 16.0,
                     False, False, True)  # fmt: skip
@@ -84,4 +86,6 @@ def recipe_costs(recipe: Fp8Recipe, fp4: bool = False) -> RecipeCost:
     return _NVFP4
 
 
-BLOCK_SCALED = (Fp8Recipe.ROWWISE, Fp8Recipe.BLOCKWISE, Fp8Recipe.MXFP8)
+def stack_recipe(stack, fp4: bool = False) -> RecipeCost:
+    """:func:`recipe_costs` of a :class:`~perfmodel.specs.stack.Stack`'s FP8 recipe."""
+    return recipe_costs(stack.fp8_recipe, fp4)

@@ -39,7 +39,7 @@ from perfmodel.step.memory import (
     stage_params_split,
 )
 from perfmodel.step.precision import precision
-from perfmodel.step.recipes import recipe_costs
+from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.roofline import gemm_tiles
 from perfmodel.step.select import where
 from perfmodel.step.workload import OpClass
@@ -238,7 +238,7 @@ def step_time(m: ModelSpec, hw: HardwareSpec, c: Constants, s: Strategy) -> Step
     local = _local_params(m, s)
     optimizer_s = _optimizer(c, t, local)
     overhead_s = c.microbatch_overhead_s * mb * v
-    if prec.fp8 is not False and recipe_costs(s.stack.fp8_recipe).amax_per_pass:
+    if prec.fp8 is not False and stack_recipe(s.stack).amax_per_pass:
         # delayed scaling: the amaxes all-reduced over the amax group (tp·cp·dp ranks) at the
         # end of every chunk's forward and backward (Transformer Engine's fp8_autocast exit)
         amax_s = terms.amax_reduction_s(m, hw, c, s, stage.num_layers)

@@ -171,6 +171,9 @@ def test_covenant_runs_in_templars_fixed_window_by_hand(validation):
         (",1380,40,", ",-1380,40,", "window_s"),
         (",1380,40,", ",1380,0,", "step"),
         (",per_op,12,1", ",per_op,12,2", "fsdp_fp32_params"),
+        # a stack knob's column is read and checked by perfmodel's registry
+        (",per_op,12,1", ",per_opp,12,1", "recompute_modules"),
+        (",per_op,12,1", ",per_op,-12,1", "logit_bytes"),
         (",94.5,compute_share_of_busy,", ",94.5,busy,", "utilization_definition"),
     ],
 )

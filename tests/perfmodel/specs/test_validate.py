@@ -4,9 +4,10 @@ the model and the GPU count, the error naming the knob by its registry name."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from perfmodel.specs.choices import CpComm, MoeDispatch
+from perfmodel.specs.choices import CpComm, Dtype, MoeDispatch
 from perfmodel.specs.strategy import strategy_to_dict
 from perfmodel.specs.validate import strategy_from_knobs
 from simbase.errors import AisimError
@@ -104,3 +105,19 @@ def test_interleaved_chunks_may_split_the_layers_unevenly():
     with pytest.raises(AisimError) as e:
         strategy_from_knobs(**shape, interleave=13)  # 104 chunks > 96
     assert e.value.field == "interleave"
+
+
+def test_an_automatic_knob_reads_as_the_physics_uses_it():
+    """``grad_reduce_fp32`` left automatic is derived once, by the registry: the report of one
+    strategy, the columns of a grid and the gradient bytes the memory model counts agree."""
+    from perfmodel.search.report import strategy_columns
+    from perfmodel.specs.strategy import stack_strategies
+    from perfmodel.step.memory import grad_bytes_per_param
+
+    for dtype in ("bf16", "fp16", "fp8", "fp4"):
+        s = knobs(dtype=dtype)
+        shown = strategy_to_dict(s)["grad_reduce_fp32"]
+        assert shown is (float(grad_bytes_per_param(s)) == 4.0), dtype
+    codes = np.asarray([float(Dtype.BF16), float(Dtype.FP16), float(Dtype.FP8)], np.float32)
+    grid = stack_strategies({"dtype": codes})
+    assert strategy_columns(grid)["grad_reduce_fp32"].tolist() == [True, False, True]
