@@ -274,7 +274,7 @@ def short_header(name: str) -> str:
     for suffix in _SUFFIXES:
         if name.endswith(suffix) and name[: -len(suffix)] in _SHORT:
             return _SHORT[name[: -len(suffix)]] + suffix
-    return _SHORT.get(name, name)
+    return name
 
 
 def short_headers(names: Sequence[str]) -> dict[str, str]:

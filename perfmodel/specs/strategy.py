@@ -206,7 +206,7 @@ def strategy_to_dict(s: Strategy) -> dict[str, object]:
     for k in STACK_KNOBS:
         value = getattr(s.stack, k.name)
         out[k.name] = k.label(value if value is not None or k.derive is None else
-                              bool(k.derive(codes)))  # fmt: skip
+                              k.derive(codes))  # fmt: skip
     return out
 
 
