@@ -79,6 +79,32 @@ def gradient_temp_floats(apply: Callable, params, x) -> float:
         return float(x.size + sum(math.prod(o.shape) for o in jax.tree.leaves(out)))
 
 
+# LLVM at -O1 for a program that runs once per run: a model's initialisation (its initialisers'
+# polynomials and one threefry hash per layer) compiles in a third to a fifth of the time of
+# XLA:CPU's default -O2, which was 1-6 s of every FL run's start, and gives the same bits on every
+# built-in model (tests/fl/test_models.py); -O0 does not (it rounds erf_inv's polynomial
+# differently).
+_RUN_ONCE_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def _run_once_jit(fun: Callable) -> Callable:
+    """``jax.jit(fun)`` compiled with :data:`_RUN_ONCE_OPTIONS` on XLA:CPU (accelerators use their
+    defaults); decided at the first call, when the backend is known."""
+    jitted = None
+
+    def call(*args):
+        nonlocal jitted
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(args)):
+            return fun(*args)  # inside a transformation (eval_shape): options are top-level only
+        if jitted is None:
+            cpu = jax.default_backend() == "cpu"
+            jitted = jax.jit(fun, compiler_options=_RUN_ONCE_OPTIONS if cpu else None)
+        return jitted(*args)
+
+    call.__wrapped__ = fun
+    return call
+
+
 def model_from_functions(
     init: Callable,
     apply: Callable,
@@ -112,7 +138,7 @@ def model_from_functions(
     return Model(
         name=name,
         apply=apply,
-        init=jax.jit(init),
+        init=_run_once_jit(init),
         num_params=int(n_params),
         param_bytes=4.0 * n_params,
         train_flops_per_sample=float(flops_per_sample),
