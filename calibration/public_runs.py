@@ -308,8 +308,27 @@ def load_published_runs(
     Returns:
       ``(runs, skipped)``: ``skipped`` holds ``(label, reason)`` for rows without a preset or a
       measured time.
+
+    A file is read once per process while it is unchanged (same path, size and modification
+    time): reading one means choosing each run's recomputation (a compiled memory check per
+    shape), and the validation tables, the fits and the tests read the shipped files many times.
     """
     path = Path(path)
+    try:
+        st = path.resolve().stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _read_published_runs(path)  # raises what reading it raises
+    if key not in _READ:
+        _READ[key] = _read_published_runs(path)
+    runs, skipped = _READ[key]
+    return list(runs), list(skipped)
+
+
+_READ: dict[tuple, tuple[list[PublishedRun], list[tuple[str, str]]]] = {}
+
+
+def _read_published_runs(path: Path) -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     df = pd.read_csv(path)
     cache: dict[str, Model] = {}
     hws: dict[str, Hardware] = {}
