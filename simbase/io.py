@@ -82,6 +82,21 @@ def carried_float(x: float) -> float:
     return float(str(x32))  # numpy writes a float32 as its shortest round-trip decimal
 
 
+def significant(x: Any, digits: int = 7) -> Any:
+    """``x`` (a float, or a dict, list or tuple of them) with each non-integer float to ``digits``
+    significant digits: for quantities derived in float64 from the float32 step model and from
+    rates published to a few digits (days to train, cost, failures per day), which carry no more
+    (``32.85338``, not ``32.853381818013084``). Whole numbers, non-finite values and everything
+    else are left as they are."""
+    if isinstance(x, dict):
+        return {k: significant(v, digits) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(significant(v, digits) for v in x)
+    if isinstance(x, float) and math.isfinite(x) and x != int(x):
+        return float(f"{x:.{digits}g}")
+    return x
+
+
 def carried_floats(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with each float64 column whose every value is exactly a float32 held as float32,
     so that a CSV writes the digits the values carry (``0.31983986``, not

@@ -12,7 +12,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from aisim.app import app
-from simbase.io import carried_float, to_json
+from simbase.io import carried_float, significant, to_json
 
 NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
@@ -61,6 +61,22 @@ def test_estimate_json_has_no_float64_tails():
     assert not _long_numbers(r.output), _long_numbers(r.output)[:5]
     assert _long_numbers('"x": 0.33278393745422363') and not _long_numbers('"x": 0.0088613555')
     assert 0.0 < doc["mfu"] < 1.0 and doc["step_time_s"] > 0
+
+
+def test_the_plan_to_train_is_written_to_seven_significant_digits():
+    # days, cost, energy and the failure process are float64 arithmetic on the float32 step
+    # time and on failure rates published to a few digits: 32.85338, not 32.853381818013084
+    assert significant(32.853381818013084) == 32.85338 and significant(0.80059379712) == 0.8005938
+    assert significant({"a": [1445254.402891441, 2.0**40], "b": (0.1, None)}) == {
+        "a": [1445254.0, 2.0**40],
+        "b": (0.1, None),
+    }
+    r = CliRunner().invoke(app, ["perf", "estimate", "--tokens", "300B", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert not _long_numbers(r.output), _long_numbers(r.output)[:5]
+    assert doc["train_days_lo"] < doc["train_days"] < doc["train_days_hi"]
+    assert doc["failures"]["interruptions_per_day"] > 0
 
 
 def test_a_csv_writes_float32_columns_with_their_digits(tmp_path):

@@ -28,6 +28,7 @@ from perfmodel.search.sweep import SweepResult
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware
 from perfmodel.step.cost_models import select_step_fn
+from simbase.io import significant
 
 
 def add_intervals(
@@ -62,11 +63,12 @@ def add_plan(
     quantity (``train_days_lo`` ...): with failures, the interval of both the step time's
     spread (``step_time_sd_log``, when the document has intervals) and the failure process's
     (:func:`perfmodel.plan.reliability.train_days_bounds`, ``dof`` the constants' degrees of
-    freedom); without, from ``tokens_per_s_lo``/``_hi`` (the plan scales as 1/tokens_per_s)."""
+    freedom); without, from ``tokens_per_s_lo``/``_hi`` (the plan scales as 1/tokens_per_s).
+    The document holds each of them to 7 significant digits (:func:`simbase.io.significant`)."""
     plan = plan_for(
         doc, hw, tokens, utilisation_factor=utilisation_factor, pue=pue, failures=failures
     ).to_dict()
-    doc.update(plan)
+    doc.update(significant(plan))
     if plan.get("failures") is not None:
         level = doc.get("interval_level", DEFAULT_LEVEL)
         lo, hi = train_days_bounds(
@@ -85,7 +87,7 @@ def add_plan(
         return
     for k in PLAN_KEYS:
         if plan[k] is not None:
-            doc[f"{k}_lo"], doc[f"{k}_hi"] = plan[k] * lo_f, plan[k] * hi_f
+            doc[f"{k}_lo"], doc[f"{k}_hi"] = significant((plan[k] * lo_f, plan[k] * hi_f))
 
 
 def annotate_sweep(
