@@ -138,7 +138,7 @@ def tp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, n_dense, n_moe, full, fp8=F
     return where(sp & fp8, low_s, plain_s)
 
 
-def cp_comm(m: ModelSpec, hw, c, s: Strategy, act_b, attn_fwd_s, attn_bwd_s, n_layers, full):
+def cp_exchange(m: ModelSpec, hw, c, s: Strategy, act_b, attn_fwd_s, attn_bwd_s, n_layers, full):
     """Context-parallel K/V exchange of one stage for one microbatch (cp group: stride tp).
 
     Ring (p2p, Megatron-Core/Transformer Engine's default): ``cp-1`` steps each way pass this

@@ -187,7 +187,7 @@ def _comm_per_microbatch(m, hw, c, s: Strategy, prec, stage: StageCompute, full)
         tp_mb = tp_mb - jnp.minimum(c.tp_overlap_fraction * tp_mb, stage.gemm_s)
     cp_mb = 0.0
     if s.scope.cp and m.kind == "transformer":
-        cp_mb = terms.cp_comm(
+        cp_mb = terms.cp_exchange(
             m, hw, c, s, act_b, stage.attn_fwd_s, stage.attn_bwd_s, stage.num_layers, full
         )
     moe_mb = 0.0

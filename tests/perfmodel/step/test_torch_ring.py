@@ -107,12 +107,12 @@ def test_exchange_exposed_by_hand():
     dkv = float(coll.p2p_s(kv * 4.0, a, b))
     layers = 4.0
     # no attention to hide behind: everything is exposed
-    bare = comm_terms.cp_comm(m, H100.spec, H100.constants, s, 2.0, 0.0, 0.0, layers, False)
+    bare = comm_terms.cp_exchange(m, H100.spec, H100.constants, s, 2.0, 0.0, 0.0, layers, False)
     assert float(bare) == pytest.approx(layers * (ag + ag + 3 * dkv), rel=1e-6)
-    redo = comm_terms.cp_comm(m, H100.spec, H100.constants, s, 2.0, 0.0, 0.0, layers, True)
+    redo = comm_terms.cp_exchange(m, H100.spec, H100.constants, s, 2.0, 0.0, 0.0, layers, True)
     assert float(redo) == pytest.approx(layers * (2 * ag + ag + 3 * dkv), rel=1e-6)
     # long attention hides the gather and the middle sends, never the last send
-    hidden = comm_terms.cp_comm(m, H100.spec, H100.constants, s, 2.0, 1.0, 1.0, layers, False)
+    hidden = comm_terms.cp_exchange(m, H100.spec, H100.constants, s, 2.0, 1.0, 1.0, layers, False)
     assert float(hidden) == pytest.approx(layers * dkv, rel=1e-6)
 
 
