@@ -244,7 +244,7 @@ def trace(
     out: Annotated[Path, typer.Option("--out", help="The trace CSV to write.")] = Path("trace.csv"),
 ) -> None:
     """Write a synthetic diurnal availability and speed trace (for fl run --trace)."""
-    with guard(flag_names("clients")):
+    with guard(flag_names("clients", "seed")):
         from fl.traces import write_trace
 
         t = write_trace(clients, seed, out)

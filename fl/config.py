@@ -25,6 +25,7 @@ from fl.server import ADAPTIVE, ADAPTIVE_FORMS, ALGORITHMS
 from fl.systems import parse_mix
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_text
+from simbase.parse import check_seed
 from simbase.units import parse_bytes
 
 
@@ -124,7 +125,7 @@ def _check_choices(cfg: ExperimentConfig, where: str | None) -> None:
 
 
 def _check_counts(cfg: ExperimentConfig, where: str | None) -> None:
-    """The counts: positive integers, and a cohort no larger than the population."""
+    """The counts: positive integers, a cohort no larger than the population, a 32-bit seed."""
     positive_ints = (
         "clients",
         "clients_per_round",
@@ -138,6 +139,10 @@ def _check_counts(cfg: ExperimentConfig, where: str | None) -> None:
         v = getattr(cfg, f)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise bad_value(where, f, v, "an integer >= 1")
+    try:
+        check_seed(cfg.seed)
+    except AisimError as e:
+        raise e.relabel(source=where) if where is not None else e from None
     if cfg.max_local_steps is not None and cfg.max_local_steps < 1:
         raise bad_value(where, "max_local_steps", cfg.max_local_steps, "an integer >= 1")
     if cfg.clients_per_round > cfg.clients:

@@ -34,6 +34,7 @@ from jaxtyping import Array, Float
 from fl.systems import Systems, load_profile
 from simbase.errors import AisimError, bad_value
 from simbase.io import write_table
+from simbase.parse import check_seed
 
 SECONDS_PER_HOUR = 3600.0
 HOURS = 24
@@ -175,6 +176,7 @@ def generate_trace(num_clients: int, seed: int = 0) -> pd.DataFrame:
     Deterministic for a seed; columns ``client_id, device, speed_factor, p0..p23`` (UTC)."""
     if not isinstance(num_clients, int) or num_clients < 1:
         raise bad_value(None, "clients", num_clients, "an integer >= 1")
+    check_seed(seed)
     cfg = diurnal_parameters()
     rng = np.random.default_rng(seed)
     region = rng.choice(len(cfg["utc_offset_h"]), num_clients, p=cfg["region_share"])

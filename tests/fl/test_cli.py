@@ -133,6 +133,10 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
         (["--algorithm", "dpfedavg", "--sampling", "size"], "'--sampling' = 'size'"),
         (["--clip-quantile", "0.9"], "--clip-quantile"),
         (["--algorithm", "fedprox", "--stragglers", "0.5"], "epochs); raise --local-epochs"),
+        # numpy's and JAX's generators take 32-bit seeds: a negative or 20-digit one is refused
+        # before any data is made, not a traceback from numpy
+        (["--seed", "-1"], "'--seed' = -1: expected an integer seed from 0 to 4294967295"),
+        (["--seed", "123456789012345678901"], "'--seed' = 123456789012345678901"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -140,6 +144,14 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_trace_refuses_a_seed_its_generator_cannot_take_and_writes_nothing(seed, tmp_path):
+    out = tmp_path / "trace.csv"
+    res = runner.invoke(app, ["fl", "trace", "--seed", seed, "--out", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"'--seed' = {seed}" in res.stderr and not out.exists()
 
 
 def test_bad_config_key_is_one_line_exit_2(tmp_path):
