@@ -354,6 +354,12 @@ def _check_required(df: pd.DataFrame, source: str, purpose: Purpose) -> None:
             raise missing("global_batch_size", "needed to turn throughput into step time; ")
 
 
+# Beyond these a cell is a typo, not a run: the model computes in float32 and counts in int32,
+# and no training step takes months
+MAX_STEP_S = 1e7
+MAX_NUMBER = 1e15
+
+
 def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
     vals = np.full(len(col), np.nan)
     integer = name in POSITIVE_INT or name in NON_NEGATIVE_INT
@@ -367,6 +373,12 @@ def _numbers(col: pd.Series, name: str, problems: _Problems) -> pd.Series:
             continue
         if not math.isfinite(x):
             problems.add(i, name, v, "a finite number (leave the cell blank if not measured)")
+        elif integer and abs(x) >= 2**31:
+            problems.add(i, name, v, "an integer below 2^31")
+        elif name == "step_time_s" and x > MAX_STEP_S:
+            problems.add(i, name, v, f"seconds up to {MAX_STEP_S:g} (115 days a step)")
+        elif abs(x) > MAX_NUMBER:
+            problems.add(i, name, v, f"a number up to {MAX_NUMBER:g}")
         elif name in NON_NEGATIVE_INT:
             if x < 0 or x != round(x):
                 problems.add(i, name, v, "a non-negative integer (0 = the default)")

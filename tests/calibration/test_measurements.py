@@ -201,7 +201,7 @@ def test_tp_pp_not_dividing_world_size(tmp_path, presets):
 @pytest.mark.parametrize(
     ("cell", "expected"),
     [("nan", "finite"), ("-3", "positive"), ("0", "positive"), ("fast", "a number"),
-     ("inf", "finite")],
+     ("inf", "finite"), ("1e30", "a number up to 1e+15")],
 )  # fmt: skip
 def test_bad_throughput_names_row_and_column(tmp_path, presets, cell, expected):
     p = write(tmp_path, f"model,hardware,num_gpus,batch_size,throughput\n"
@@ -210,6 +210,22 @@ def test_bad_throughput_names_row_and_column(tmp_path, presets, cell, expected):
         load_measurements(p)
     assert f"m.csv:2: field 'throughput_samples_per_s' = '{cell}'" in str(e.value)
     assert expected in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("header", "row", "expected"),
+    [
+        ("num_layers,hidden_size,step_time_s", "2,64,1e30", "'step_time_s' = '1e30': expected seconds up to 1e+07"),
+        ("num_layers,hidden_size,step_time_s", "99999999999,64,1", "'num_layers' = '99999999999': expected an integer below 2^31"),
+    ],
+)  # fmt: skip
+def test_a_cell_no_run_can_have_is_refused(tmp_path, presets, header, row, expected):
+    # a step of 1e30 s or 10^11 layers is a typo: refused with its row, not fitted (issue 29)
+    p = write(tmp_path, f"model,hardware,num_gpus,global_batch_size,{header}\n"
+              f"custom,h200,1,8,{row}\n")  # fmt: skip
+    with pytest.raises(AisimError) as e:
+        load_measurements(p)
+    assert f"m.csv:1: field {expected}" in str(e.value)
 
 
 def test_blank_throughput_is_kept_for_prediction(tmp_path, presets):
