@@ -43,13 +43,18 @@ def measured_shape(
       embeddings.
 
     Raises:
-      AisimError: a transformer dimension given for an MLP (field: that dimension).
+      AisimError: a dimension that is not a positive integer, or a transformer dimension given
+        for an MLP (field: that dimension).
     """
     given = dict(num_heads=num_heads, seq_len=seq_len, vocab_size=vocab_size,
                  ffn_hidden_size=ffn_hidden_size)  # fmt: skip
 
     def dim(value, field: str) -> int:
-        return int(value) if value is not None else int(round(float(getattr(spec, field))))
+        if value is None:
+            return int(round(float(getattr(spec, field))))
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+            raise bad_value(None, field, value, "a positive integer")  # no zero-size arrays
+        return value
 
     layers, hidden = dim(num_layers, "num_layers"), dim(hidden_size, "hidden_size")
     if spec.kind == "mlp":
@@ -59,7 +64,11 @@ def measured_shape(
         return Shape(kind="mlp", num_layers=layers, hidden_size=hidden, bias=False)
     heads = dim(num_heads, "num_heads")
     ratio = float(spec.ffn_hidden_size) / float(spec.hidden_size)
-    ffn = int(ffn_hidden_size) if ffn_hidden_size is not None else int(round(ratio * hidden))
+    ffn = (
+        dim(ffn_hidden_size, "ffn_hidden_size")
+        if ffn_hidden_size is not None
+        else int(round(ratio * hidden))
+    )
     return Shape(
         kind="transformer", num_layers=layers, hidden_size=hidden, num_heads=heads,
         num_kv_heads=dim(None, "num_kv_heads") if num_heads is None else heads,

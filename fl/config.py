@@ -13,6 +13,7 @@ config). Unknown keys are an error naming the file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from pathlib import Path
 
@@ -157,21 +158,21 @@ def _check_counts(cfg: ExperimentConfig, where: str | None) -> None:
 
 def _check_ranges(cfg: ExperimentConfig, where: str | None) -> None:
     """The real-valued settings' ranges, the memory budget and the device mix."""
-    if not cfg.lr > 0:
-        raise bad_value(where, "lr", cfg.lr, "a learning rate > 0")
-    if cfg.server_lr is not None and not cfg.server_lr > 0:
-        raise bad_value(where, "server_lr", cfg.server_lr, "a learning rate > 0")
+    if not 0 < cfg.lr < math.inf:
+        raise bad_value(where, "lr", cfg.lr, "a finite learning rate > 0")
+    if cfg.server_lr is not None and not 0 < cfg.server_lr < math.inf:
+        raise bad_value(where, "server_lr", cfg.server_lr, "a finite learning rate > 0")
     for f in ("mu", "alpha", "beta", "clip_norm", "noise_multiplier"):
-        if not getattr(cfg, f) >= 0:
-            raise bad_value(where, f, getattr(cfg, f), "a number >= 0")
-    if not cfg.dirichlet_alpha > 0:
-        raise bad_value(where, "dirichlet_alpha", cfg.dirichlet_alpha, "a number > 0")
+        if not 0 <= getattr(cfg, f) < math.inf:
+            raise bad_value(where, f, getattr(cfg, f), "a finite number >= 0")
+    if not 0 < cfg.dirichlet_alpha < math.inf:
+        raise bad_value(where, "dirichlet_alpha", cfg.dirichlet_alpha, "a finite number > 0")
     if not 0 <= cfg.stragglers <= 1:
         raise bad_value(where, "stragglers", cfg.stragglers, "a fraction in [0, 1]")
     if not 0 < cfg.delta < 1:
         raise bad_value(where, "delta", cfg.delta, "a probability in (0, 1)")
-    if cfg.deadline_s is not None and not cfg.deadline_s > 0:
-        raise bad_value(where, "deadline_s", cfg.deadline_s, "seconds > 0")
+    if cfg.deadline_s is not None and not 0 < cfg.deadline_s < math.inf:
+        raise bad_value(where, "deadline_s", cfg.deadline_s, "a finite number of seconds > 0")
     if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:
         raise bad_value(where, "target_accuracy", cfg.target_accuracy, "a fraction in (0, 1]")
     try:
@@ -184,14 +185,16 @@ def _check_ranges(cfg: ExperimentConfig, where: str | None) -> None:
         parse_mix(cfg.devices)
     except AisimError as e:
         raise e.relabel(source=where) from None
-    if not cfg.tau > 0:
-        raise bad_value(where, "tau", cfg.tau, "a number > 0")
+    if not 0 <= cfg.server_momentum < 1:
+        raise bad_value(where, "server_momentum", cfg.server_momentum, "a momentum in [0, 1)")
+    if not 0 < cfg.tau < math.inf:
+        raise bad_value(where, "tau", cfg.tau, "a finite number > 0")
     if not 0 < cfg.clip_quantile < 1:
         raise bad_value(where, "clip_quantile", cfg.clip_quantile, "a fraction in (0, 1)")
-    if not cfg.clip_lr > 0:
-        raise bad_value(where, "clip_lr", cfg.clip_lr, "a learning rate > 0")
-    if cfg.clip_count_stddev is not None and not cfg.clip_count_stddev > 0:
-        raise bad_value(where, "clip_count_stddev", cfg.clip_count_stddev, "a number > 0")
+    if not 0 < cfg.clip_lr < math.inf:
+        raise bad_value(where, "clip_lr", cfg.clip_lr, "a finite learning rate > 0")
+    if cfg.clip_count_stddev is not None and not 0 < cfg.clip_count_stddev < math.inf:
+        raise bad_value(where, "clip_count_stddev", cfg.clip_count_stddev, "a finite number > 0")
 
 
 def validate(
@@ -353,8 +356,8 @@ def _check_async_and_clients(cfg: ExperimentConfig, where: str | None, unused, m
         raise bad_value(
             where, "local_test_fraction", cfg.local_test_fraction, "a fraction in (0, 1)"
         )
-    if not cfg.ditto_lambda >= 0:
-        raise bad_value(where, "ditto_lambda", cfg.ditto_lambda, "a number >= 0")
+    if not 0 <= cfg.ditto_lambda < math.inf:
+        raise bad_value(where, "ditto_lambda", cfg.ditto_lambda, "a finite number >= 0")
     if moved("local_test_fraction") and not cfg.client_eval:
         unused("local_test_fraction", "it sizes the local test sets of per-client evaluation")
     if moved("personalize") and not cfg.client_eval:

@@ -57,6 +57,9 @@ def test_subprocess_on_four_host_devices_writes_loadable_rows(tmp_path):
         (["--params", "20K", "--dtype", "fp64"], "one of fp32, bf16, fp16"),
         (["--params", "20K", "--out", "x.txt"], "expected a file name ending in .csv"),
         ([*TINY_GPT, "--hidden", "30"], "a divisor of --hidden 30"),
+        # a zero dimension is refused before JAX sees a zero-size array (or divides by it)
+        (["--model", "gpt2", "--seq-len", "0"], "'--seq-len' = 0: expected a positive integer"),
+        (["--model", "gpt2", "--heads", "0"], "'--heads' = 0: expected a positive integer"),
     ],
 )
 def test_bad_options_one_line_exit_2(args, needle):

@@ -137,6 +137,10 @@ def test_divergence_exit_1_keeps_metrics(tmp_path):
         # before any data is made, not a traceback from numpy
         (["--seed", "-1"], "'--seed' = -1: expected an integer seed from 0 to 4294967295"),
         (["--seed", "123456789012345678901"], "'--seed' = 123456789012345678901"),
+        # inf is refused up front, not trained until the model diverges
+        (["--lr", "inf"], "'--lr' = inf: expected a finite learning rate > 0"),
+        (["--algorithm", "fedprox", "--mu", "inf"], "'--mu' = inf: expected a finite number"),
+        (["--algorithm", "fedavgm", "--server-momentum", "5"], "a momentum in [0, 1)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

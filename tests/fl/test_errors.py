@@ -48,7 +48,7 @@ def test_validate_names_the_config_field(change, field, value):
 def test_validate_with_a_source_names_it():
     with pytest.raises(AisimError) as e:
         validate(dataclasses.replace(CFG, lr=-1.0), where="exp.toml")
-    assert str(e.value) == "exp.toml: field 'lr' = -1.0: expected a learning rate > 0"
+    assert str(e.value) == "exp.toml: field 'lr' = -1.0: expected a finite learning rate > 0"
 
 
 def test_hint_names_other_fields_through_the_callers_names():
