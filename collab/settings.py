@@ -149,7 +149,10 @@ def _number(value, field: str, ok, expected: str) -> float:
 def _latency_s(wan_latency_ms: float | None) -> float | None:
     if wan_latency_ms is None:
         return None
-    ms = _number(wan_latency_ms, "wan_latency_ms", lambda x: x >= 0, "milliseconds >= 0")
+    # an hour is far beyond any link's round trip (a geostationary hop is 0.6 s)
+    ms = _number(
+        wan_latency_ms, "wan_latency_ms", lambda x: 0 <= x <= 3.6e6, "milliseconds from 0 to 3.6e6"
+    )
     return ms * units.MS
 
 

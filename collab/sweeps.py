@@ -30,6 +30,10 @@ from collab.settings import (
 from simbase import units
 from simbase.errors import bad_value
 
+# a task of more rounds than this is a typo (1e30), not a plan: a billion rounds of a second
+# is 32 years
+MAX_ROUNDS = 1e9
+
 DEFAULT_SIZES = "10M,20M,40M,60M,80M,100M"
 # settings of the model sizes alone and of real models alone, with their defaults
 _SIZES_ONLY = dict(local_samples="60000", aggregator_hardware="cpu-host", rounds=1.0)
@@ -152,8 +156,8 @@ def _sizes_sweep(sizes: str, rounds: float, knobs: dict, profile, text: dict) ->
     if extra:
         field, value = next(iter(extra.items()))
         raise bad_value(None, field, value, "a site strategy of a real model", hint=_WITH_MODEL)
-    if not (isinstance(rounds, int | float) and 0 < rounds < math.inf):
-        raise bad_value(None, "rounds", rounds, "a positive number of rounds")
+    if not (isinstance(rounds, int | float) and 0 < rounds <= MAX_ROUNDS):
+        raise bad_value(None, "rounds", rounds, f"a positive number of rounds up to {MAX_ROUNDS:g}")
     size_list = parse_sizes(sizes)
     text = {k: v for k, v in text.items() if v is not None}
     sc = scenario_from_text(**text, dtype=knobs.get("dtype", "fp32"), profile=profile)

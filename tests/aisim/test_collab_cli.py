@@ -329,6 +329,8 @@ def test_a_strategy_that_does_not_fit_is_a_warning():
         (["sweep", "--local-steps", "inf"], "'--local-steps' = 'inf'"),
         (["sweep", "--rounds", "inf"], "'--rounds' = inf"),
         (["sweep", "--wan-latency-ms", "inf"], "'--wan-latency-ms' = inf"),
+        (["sweep", "--wan-latency-ms", "1e30"], "'--wan-latency-ms' = 1e+30"),
+        (["sweep", "--rounds", "1e30"], "'--rounds' = 1e+30: expected a positive number"),
         (["sweep", "--topk-fraction", "1e30"], "'--topk-fraction' = 1e+30"),
         (["sweep", "--clients", "100000"], "'--clients' = 100000"),
         (["sweep", "--mode", "gossip"], "'--mode' = 'gossip'"),
