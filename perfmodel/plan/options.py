@@ -69,12 +69,20 @@ def check_plan_options(
     utilisation_factor: float | None = None,
     pue: float | None = None,
 ) -> None:
-    """Raises an :class:`AisimError` naming the field of a price below 0, a utilisation factor
-    outside (0, 1] or a PUE below 1 (or any of them not finite)."""
+    """Raises an :class:`AisimError` naming the field of a price outside [0, 10,000] USD per
+    GPU-hour, a utilisation factor outside (0, 1] or a PUE outside [1, 5] (or any of them not
+    finite): no GPU rents for more than a few tens of dollars an hour, and the Uptime Institute's
+    surveys report no facility above a PUE of about 3, so values past these bounds are typos."""
     checks = (
-        ("price_per_gpu_hour_usd", price_per_gpu_hour_usd, 0.0, math.inf, "a price >= 0 in USD"),
+        (
+            "price_per_gpu_hour_usd",
+            price_per_gpu_hour_usd,
+            0.0,
+            1e4,
+            "a price in USD from 0 to 10000",
+        ),
         ("utilisation_factor", utilisation_factor, 0.0, 1.0, "a fraction in (0, 1]"),
-        ("pue", pue, 1.0, math.inf, "a power usage effectiveness >= 1"),
+        ("pue", pue, 1.0, 5.0, "a power usage effectiveness from 1 to 5"),
     )
     for field, v, lo, hi, expected in checks:
         if v is None:

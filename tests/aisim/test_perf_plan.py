@@ -87,6 +87,9 @@ def test_cpu_host_energy_is_unknown():
         (("--tokens", "15T", "--pue", "0.9"), "--pue"),
         (("--tokens", "15T", "--utilisation", "0"), "--utilisation"),
         (("--tokens", "15T", "--price-per-gpu-hour", "-1"), "--price-per-gpu-hour"),
+        # 1e30 is a typo, not a price or a facility (issue 29)
+        (("--tokens", "15T", "--price-per-gpu-hour", "1e30"), "--price-per-gpu-hour"),
+        (("--tokens", "15T", "--pue", "1e30"), "--pue"),
     ],
 )
 def test_bad_plan_options_one_line_exit_2(args, flag):
