@@ -143,11 +143,11 @@ def estimate_command(
         m = _model(model, model_file, params, widths, (layers, hidden, heads, seq_len, vocab))
         hw = with_price(resolve_hardware(hardware, hardware_file), price_per_gpu_hour)
         preset = load_stack(stack, hw)
+        given = with_settings(knobs, settings)
         doc = estimate_document(
-            m, hw, run_constants(hw, profile, preset),
-            with_caller_defaults(with_settings(knobs, settings), ONE_RUN, preset),
+            m, hw, run_constants(hw, profile, preset), with_caller_defaults(given, ONE_RUN, preset),
             cost_model=cost_model, stack=preset, tokens=plan.tokens, failures=failures,
-            sensitivity=sensitivity, **plan.power(),
+            sensitivity=sensitivity, given=given, **plan.power(),
         )  # fmt: skip
         if json_out:
             print_json(doc)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perfmodel.plan.stack_constants import StackConstants, stack_constants
+from perfmodel.plan.stack_constants import StackConstants, check_constant, stack_constants
 from perfmodel.plan.uncertainty import ConstantsCovariance, covariance_from_dict
 from perfmodel.specs.constants import Constants, constants_from_si_dict
 from perfmodel.specs.hardware import Hardware
@@ -82,9 +82,8 @@ def profile_constants(doc: dict[str, Any], base: Constants, where: str = "profil
             raise AisimError(
                 source=where, field=f"constants.{k}", expected="a model constant's name"
             )
-        vals = v if isinstance(v, list) else [v]
-        if not all(isinstance(x, int | float) and x >= 0 for x in vals):
-            raise bad_value(where, f"constants.{k}", v, "non-negative SI numbers")
+        for x in v if isinstance(v, list) else [v]:
+            check_constant(where, f"constants.{k}", k, x)
     return constants_from_si_dict(consts, base)
 
 

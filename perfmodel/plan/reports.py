@@ -20,9 +20,10 @@ from perfmodel.plan.estimate import estimate
 from perfmodel.plan.sensitivity import elasticities, estimate_row
 from perfmodel.plan.stack_constants import StackConstants
 from perfmodel.plan.training import plan_sweep
-from perfmodel.search.sweep import SweepResult
+from perfmodel.search.sweep import SweepResult, sweep
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
+from simbase.errors import AisimError
 
 
 def estimate_document(
@@ -38,6 +39,7 @@ def estimate_document(
     sensitivity: bool = False,
     utilisation_factor: float | None = None,
     pue: float | None = None,
+    given: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``aisim perf estimate --json`` document of one strategy.
 
@@ -53,6 +55,11 @@ def estimate_document(
       sensitivity: add the step time's elasticities and what bounds the run.
       utilisation_factor: mean power draw over board power (default: ``planning.json``'s).
       pue: the facility's power usage effectiveness (default: ``planning.json``'s).
+      given: the knobs the user gave, when ``knobs`` adds a caller's defaults to them (None:
+        every knob is the user's). Where the defaults' layout cannot be this model's on this
+        many GPUs (``aisim perf estimate``'s GPT-3 run: tp 8, pp 8) and the user gave no
+        layout, the strategy is the fastest feasible one with ``given`` fixed, as
+        ``aisim perf grid`` finds it, and ``auto`` names what the search chose.
 
     Returns:
       :meth:`perfmodel.plan.estimate.Estimate.to_dict` with ``constants`` (status, reason),
@@ -63,8 +70,9 @@ def estimate_document(
       AisimError: a bad knob or option (:func:`perfmodel.estimate`'s and the plan's fields).
     """
     consts, cov = calibration.constants, calibration.covariance
-    est = estimate(model, hardware, constants=consts, cost_model=cost_model, stack=stack, **knobs)
+    est, searched = _estimate_or_search(model, hardware, consts, knobs, given, cost_model, stack)
     doc = est.to_dict()
+    doc["auto"] = doc["auto"] | searched
     doc["constants"] = calibration.to_dict()
     add_intervals(doc, est, consts, cov)
     if tokens is not None:
@@ -76,6 +84,39 @@ def estimate_document(
     if sensitivity:
         doc.update(elasticities(model, hardware, consts, est.strategy, cost_model).to_dict())
     return doc
+
+
+LAYOUT = ("dp", "tp", "pp", "cp", "ep", "etp")
+# what ``auto`` reports when the search chose the strategy (the first line shows all of it)
+SEARCHED = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "interleave", "zero_stage",
+            "recompute", "sequence_parallel")  # fmt: skip
+
+
+def _estimate_or_search(model, hardware, consts, knobs, given, cost_model, stack):
+    """:func:`estimate` of ``knobs``; where the caller's default layout is what fails (see
+    :func:`estimate_document`), the grid's best strategy with ``given`` fixed, and the knobs
+    the search chose (name -> label)."""
+    try:
+        est = estimate(
+            model, hardware, constants=consts, cost_model=cost_model, stack=stack, **knobs
+        )
+        return est, {}
+    except AisimError as e:
+        if given is None or e.field not in LAYOUT or set(LAYOUT) & set(given):
+            raise
+        failed = e
+    fixed = {k: [v] for k, v in given.items() if v is not None}
+    fixed.pop("num_gpus", None), fixed.pop("global_batch_size", None)
+    best = sweep(
+        [model], [hardware], num_gpus=[int(knobs["num_gpus"])],
+        global_batch=[int(knobs["global_batch_size"])], constants=lambda _: consts, top=1,
+        cost_model=cost_model, stack=stack, **fixed,
+    ).best  # fmt: skip
+    if best is None:
+        raise failed
+    est = estimate_row(best, model, hardware, consts)
+    chosen = {k: best[k] for k in SEARCHED if k in best and k not in given}
+    return est, {k: v for k, v in chosen.items() if k not in ("cp", "ep") or v != 1}
 
 
 def plan_grid(

@@ -54,6 +54,33 @@ FRACTION_FIELDS = (
 )  # fmt: skip
 
 
+# a host cost (per kernel, microbatch, layer or step) or a latency past a minute is a typo
+MAX_SECONDS = 60.0
+# any other constant (FLOPs or bytes of a half-efficiency size, a factor) past this is one too
+MAX_OTHER = 1e15
+
+
+def check_constant(where: str, field: str, entry: str, value: Any) -> float:
+    """``value`` as a float when it is a value the constant ``entry`` (``name`` or
+    ``name.tier``; the file's ``field``) can have: a fraction in
+    (0, 1] for an efficiency or overlap, seconds up to :data:`MAX_SECONDS` for a ``..._s``
+    cost, otherwise a number from 0 to :data:`MAX_OTHER`; else one error naming ``field``.
+    Profiles and stack files are checked with it when they are read."""
+    name = entry.partition(".")[0]
+    if name in FRACTION_FIELDS:
+        lo, hi, expected = 0.0, 1.0, "a fraction in (0, 1]"
+    elif name.endswith("_s"):
+        lo, hi, expected = -1.0, MAX_SECONDS, f"seconds from 0 to {MAX_SECONDS:g}"
+    else:
+        lo, hi, expected = -1.0, MAX_OTHER, f"a number from 0 to {MAX_OTHER:g}"
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (
+        ok and math.isfinite(value) and value <= hi and (value > lo if lo == 0.0 else value >= 0)
+    ):
+        raise bad_value(where, field, value, expected)
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class StackConstants:
     """The constants of one stack on one hardware preset.
@@ -155,7 +182,7 @@ def stack_constants(
         base = hw.constants
         si: dict[str, Any] = {}
         for k, v in values.items():
-            _set(si, base, k, float(v))
+            _set(si, base, k, check_constant(where, f"constants.{hw.name}.values.{k}", k, v))
         cov = entry.get("covariance")
         cov = None if cov is None else covariance_from_dict(cov, where)
         return StackConstants(

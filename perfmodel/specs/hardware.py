@@ -121,11 +121,18 @@ def hardware_names() -> list[str]:
     return sorted(p.stem for p in _presets_dir().glob("*.json"))
 
 
+# Past this, a hardware number (in its own unit: TFLOP/s, GB/s, GiB, µs, watts, devices) is a
+# typo: 1e9 TFLOP/s is a million times any device, and larger values overflow the float32 model
+MAX_NUMBER = 1e9
+
+
 def _number(where: str, field: str, value: Any, unit: str, *, allow_none=False, positive=True):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise bad_value(where, field, value, f"a number in {unit}")
+    if value > MAX_NUMBER:
+        raise bad_value(where, field, value, f"a number in {unit} up to {MAX_NUMBER:g}")
     if value < 0 or (positive and value == 0):
         raise bad_value(
             where, field, value, f"a {'positive' if positive else 'non-negative'} number in {unit}"

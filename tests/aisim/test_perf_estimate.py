@@ -372,3 +372,20 @@ def test_cli_estimate_distir_takes_tp_that_only_fits_distirs_rule():
         ],
     )
     assert over.exit_code == 2 and "at most the number of attention heads (12" in over.output
+
+
+def test_without_a_layout_a_model_the_default_layout_cannot_take_gets_the_grids_best():
+    # the default run's tp 8 x pp 8 is 64 GPUs: on 8 GPUs, with no layout given, estimate takes
+    # the strategy perf grid ranks first for the same fixed knobs, and says what it chose
+    common = ("--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--json")
+    r = run("perf", "estimate", *common)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    g = run("perf", "grid", *common, "--top", "1")
+    assert g.exit_code == 0, g.output
+    best = json.loads(g.output)["best"]
+    assert doc["step_time_s"] == best["step_time_s"] and doc["feasible"]
+    assert doc["tp"] == best["tp"] and doc["pp"] == best["pp"] and doc["auto"]["tp"] == best["tp"]
+    # a layout the user gives is never replaced: its error stands
+    bad = run("perf", "estimate", *common[:-1], "--tp", "3")
+    assert bad.exit_code == 2 and "'--tp' = 3" in bad.output
