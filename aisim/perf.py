@@ -250,14 +250,13 @@ def sensitivity_command(
         hw = resolve_hardware(hardware, hardware_file)
         preset = load_stack(stack, hw)
         given = with_settings(knobs, settings)
-        if not best:  # the grid searches what the user did not fix
-            given = with_caller_defaults(given, ONE_RUN, preset)
-        gpus = given.pop("num_gpus", ONE_RUN["num_gpus"])
-        batch = given.pop("global_batch_size", ONE_RUN["global_batch_size"])
+        run = given if best else with_caller_defaults(given, ONE_RUN, preset)  # best: searched
+        gpus = run.pop("num_gpus", ONE_RUN["num_gpus"])
+        batch = run.pop("global_batch_size", ONE_RUN["global_batch_size"])
         doc = sensitivity_report(
             m, hw, run_constants(hw, profile, preset).constants, num_gpus=int(gpus),
-            global_batch=int(batch),
-            knobs=given, best=best, capacity=capacity, cost_model=cost_model, stack=preset,
+            global_batch=int(batch), knobs=run, best=best, capacity=capacity,
+            cost_model=cost_model, stack=preset, given=given,
         )  # fmt: skip
         if out is not None:
             write_table(elasticity_table(doc), out)

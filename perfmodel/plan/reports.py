@@ -16,14 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmodel.plan.annotate import add_intervals, add_plan, annotate_sweep
-from perfmodel.plan.estimate import estimate
-from perfmodel.plan.sensitivity import elasticities, estimate_row
+from perfmodel.plan.sensitivity import elasticities, estimate_or_best, estimate_row
 from perfmodel.plan.stack_constants import StackConstants
 from perfmodel.plan.training import plan_sweep
-from perfmodel.search.sweep import SweepResult, sweep
+from perfmodel.search.sweep import SweepResult
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
-from simbase.errors import AisimError
 
 
 def estimate_document(
@@ -70,7 +68,9 @@ def estimate_document(
       AisimError: a bad knob or option (:func:`perfmodel.estimate`'s and the plan's fields).
     """
     consts, cov = calibration.constants, calibration.covariance
-    est, searched = _estimate_or_search(model, hardware, consts, knobs, given, cost_model, stack)
+    est, searched = estimate_or_best(
+        model, hardware, consts, knobs, given, cost_model=cost_model, stack=stack
+    )
     doc = est.to_dict()
     doc["auto"] = doc["auto"] | searched
     doc["constants"] = calibration.to_dict()
@@ -84,39 +84,6 @@ def estimate_document(
     if sensitivity:
         doc.update(elasticities(model, hardware, consts, est.strategy, cost_model).to_dict())
     return doc
-
-
-LAYOUT = ("dp", "tp", "pp", "cp", "ep", "etp")
-# what ``auto`` reports when the search chose the strategy (the first line shows all of it)
-SEARCHED = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "interleave", "zero_stage",
-            "recompute", "sequence_parallel")  # fmt: skip
-
-
-def _estimate_or_search(model, hardware, consts, knobs, given, cost_model, stack):
-    """:func:`estimate` of ``knobs``; where the caller's default layout is what fails (see
-    :func:`estimate_document`), the grid's best strategy with ``given`` fixed, and the knobs
-    the search chose (name -> label)."""
-    try:
-        est = estimate(
-            model, hardware, constants=consts, cost_model=cost_model, stack=stack, **knobs
-        )
-        return est, {}
-    except AisimError as e:
-        if given is None or e.field not in LAYOUT or set(LAYOUT) & set(given):
-            raise
-        failed = e
-    fixed = {k: [v] for k, v in given.items() if v is not None}
-    fixed.pop("num_gpus", None), fixed.pop("global_batch_size", None)
-    best = sweep(
-        [model], [hardware], num_gpus=[int(knobs["num_gpus"])],
-        global_batch=[int(knobs["global_batch_size"])], constants=lambda _: consts, top=1,
-        cost_model=cost_model, stack=stack, **fixed,
-    ).best  # fmt: skip
-    if best is None:
-        raise failed
-    est = estimate_row(best, model, hardware, consts)
-    chosen = {k: best[k] for k in SEARCHED if k in best and k not in given}
-    return est, {k: v for k, v in chosen.items() if k not in ("cp", "ep") or v != 1}
 
 
 def plan_grid(

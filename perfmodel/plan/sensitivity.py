@@ -34,6 +34,7 @@ from perfmodel.specs.hardware import TIERS, Hardware, HardwareSpec
 from perfmodel.specs.strategy import strategy_from_row
 from perfmodel.step.cost_models import select_step_fn
 from simbase import units
+from simbase.errors import AisimError
 
 # the tiers of device memory (GiB as the presets spell them) the capacity what-if moves between
 HBM_TIERS_GIB: tuple[float, ...] = tuple(float(x) for x in DEFAULTS["hbm_capacity_tiers_gib"])
@@ -264,6 +265,46 @@ def capacity_answer(
     )
 
 
+LAYOUT = ("dp", "tp", "pp", "cp", "ep", "etp")
+# what ``auto`` reports when the search chose the strategy (the first line shows all of it)
+SEARCHED = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "interleave", "zero_stage",
+            "recompute", "sequence_parallel")  # fmt: skip
+
+
+def estimate_or_best(
+    model, hardware, consts, knobs, given, *, cost_model="aisim", stack=None, gpus_per_node=None
+):
+    """:func:`estimate` of ``knobs`` (the user's ``given`` over a caller's defaults, or None:
+    all the user's), and ``{}``; where the defaults' layout is what fails (tp 8 x pp 8 on 8 GPUs)
+    and ``given`` has no layout, the grid's best strategy with ``given`` fixed, and the knobs
+    the search chose (name -> value), for ``auto``."""
+    try:
+        per_node = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
+        est = estimate(
+            model, hardware, constants=consts, cost_model=cost_model, stack=stack,
+            **per_node, **knobs,
+        )  # fmt: skip
+        return est, {}
+    except AisimError as e:
+        if given is None or e.field not in LAYOUT or set(LAYOUT) & set(given):
+            raise
+        failed = e
+    fixed = {k: [v] for k, v in given.items() if v is not None}
+    fixed.pop("num_gpus", None), fixed.pop("global_batch_size", None)
+    if "gpus_per_node" in fixed:  # the grid takes one node size, not a list of them
+        per_node = {"gpus_per_node": int(fixed.pop("gpus_per_node")[0])}
+    best = sweep(
+        [model], [hardware], num_gpus=[int(knobs["num_gpus"])],
+        global_batch=[int(knobs["global_batch_size"])], constants=lambda _: consts, top=1,
+        cost_model=cost_model, stack=stack, **per_node, **fixed,
+    ).best  # fmt: skip
+    if best is None:
+        raise failed
+    est = estimate_row(best, model, hardware, consts)
+    chosen = {k: best[k] for k in SEARCHED if k in best and k not in given}
+    return est, {k: v for k, v in chosen.items() if k not in ("cp", "ep") or v != 1}
+
+
 def estimate_row(row: dict[str, Any], m, hw: Hardware, constants: Constants) -> Estimate:
     """A sweep's result row evaluated again as one :class:`Estimate` (its whole strategy, stack
     included, and its cost model)."""
@@ -289,26 +330,33 @@ def sensitivity_report(
     cost_model: str = "aisim",
     gpus_per_node: int | None = None,
     stack=None,
+    given: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``aisim perf sensitivity --json`` document of one strategy (``knobs``), or with
+    """The ``aisim perf sensitivity --json`` document of one strategy (``knobs``; ``given``: the
+    user's part of them, as :func:`estimate_or_best` takes it), or with
     ``best`` of the best strategy of the grid at that GPU count and batch: the estimate's
     fields, ``strategy`` (its long label), ``searched``, the :func:`elasticities`
     (``elasticities``, ``bound_by``, ``bound_by_text``) and, with ``capacity``, the
     :func:`capacity_answer`."""
-    common = dict(gpus_per_node=gpus_per_node, cost_model=cost_model, stack=stack)
+    common = dict(cost_model=cost_model, stack=stack)
     if best:
         restrict = {k: [v] for k, v in (knobs or {}).items() if v is not None}
         row = sweep(
             [model], [hw], num_gpus=[num_gpus], global_batch=[global_batch],
-            constants=lambda _: constants, top=1, **common, **restrict,
+            constants=lambda _: constants, top=1, gpus_per_node=gpus_per_node, **common,
+            **restrict,
         ).best  # fmt: skip
         est = estimate_row(row, model, hw, constants)
     else:
         chosen = {"num_gpus": num_gpus, "global_batch_size": global_batch, **(knobs or {})}
-        est = estimate(model, hw, constants=constants, **common, **chosen)
+        est, searched = estimate_or_best(
+            model, hw, constants, chosen, given, gpus_per_node=gpus_per_node, **common
+        )
     doc = est.to_dict()
+    if not best:
+        doc["auto"] = doc["auto"] | searched
     doc["strategy"] = strategy_label(doc, short=False)
-    doc["searched"] = best
+    doc["searched"] = best or bool(searched)
     doc.update(elasticities(est.model, est.hardware, constants, est.strategy, cost_model).to_dict())
     if capacity:
         answer = capacity_answer(
