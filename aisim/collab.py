@@ -276,6 +276,8 @@ def _print_model(result) -> None:
         "columns that are 0 everywhere are not shown; --json and --out carry every site",
         highlight=False,
     )
+    for a in result.auto_sites():
+        console.print(f"site {a['sites']} ({a['hardware']}) auto: {a['auto']}", highlight=False)
     for u in result.unfit_sites():
         console.print(
             f"[red]warning: site {u['sites']} ({u['hardware']}) needs {u['memory_gib']:.1f} GiB "

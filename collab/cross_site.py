@@ -408,8 +408,9 @@ def cross_site_frame(cs: CrossSite, res: CrossSiteResult, tokens: float | None =
     by the sites' devices, ``communication_share_pct``, ``serialization_share_pct``,
     ``idle_share_pct`` (device-weighted over the sites), ``mfu``, ``tokens_per_round``,
     ``bytes_sent`` (all sites, per round), ``dropped_sites``, ``time_to_train_s`` (``tokens``
-    given), then ``site{i}_inner_step_s``, ``site{i}_memory_gib``, ``site{i}_fits_memory`` and
-    ``site{i}_<each of SITE_COLUMNS>``.
+    given), then ``site{i}_inner_step_s``, ``site{i}_memory_gib``, ``site{i}_fits_memory``,
+    ``site{i}_auto`` (what ``auto`` chose for the site, ``"zero_stage 3, recompute full"``; empty
+    when nothing was ``auto``) and ``site{i}_<each of SITE_COLUMNS>``.
     """
     r = {
         f.name: np.asarray(getattr(res.rounds, f.name), np.float64)
@@ -449,6 +450,7 @@ def cross_site_frame(cs: CrossSite, res: CrossSiteResult, tokens: float | None =
         cols[f"site{i + 1}_inner_step_s"] = inner[:, i]
         cols[f"site{i + 1}_memory_gib"] = e.to_dict()["memory"]["total_bytes"] / 2.0**30
         cols[f"site{i + 1}_fits_memory"] = bool(e.breakdown.fits_memory)
+        cols[f"site{i + 1}_auto"] = ", ".join(f"{k} {v}" for k, v in e.auto.items())
         for k in SITE_COLUMNS:
             cols[f"site{i + 1}_{k}"] = r[k][:, i]
     return pd.concat([df, pd.DataFrame(cols, index=df.index)], axis=1)

@@ -35,8 +35,11 @@ MAX_COUNT = 2**31 - 1
 MAX_PARAMS = 1e15
 MAX_BITS_PER_S = 1e15
 # what a site of a real model runs when not told (perf estimate's defaults differ)
+# each site a data-parallel replica of the model, sharded (ZeRO) and recomputed only as far as
+# it needs to fit its devices (auto: the least that fits, and the output says what), as the
+# cross-site runs did inside each site (INTELLECT-1: FSDP within a site)
 SITE_DEFAULTS = dict(
-    tp=1, pp=1, zero_stage=0, recompute="none", micro_batch_size=1, dtype="bf16"
+    tp=1, pp=1, zero_stage="auto", recompute="auto", micro_batch_size=1, dtype="bf16"
 )  # fmt: skip
 
 

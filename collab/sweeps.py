@@ -44,7 +44,7 @@ _MODEL_ONLY = dict(
 )  # fmt: skip
 _WITH_MODEL = "it applies with {model}"
 SITE_RECORD = (
-    "inner_step_s", "memory_gib", "fits_memory", "compute_utilization_pct",
+    "inner_step_s", "memory_gib", "fits_memory", "auto", "compute_utilization_pct",
     "compute_share_of_busy_pct", "communication_share_pct", "serialization_share_pct",
     "idle_share_pct", "mfu", "bytes_sent", "dropped",
 )  # fmt: skip
@@ -114,6 +114,17 @@ class SweepResult:
         sites = pd.DataFrame(self.sites[0])
         grouped = sites.groupby(keys, sort=False)["site"].agg(lambda x: site_ranges(list(x)))
         return grouped.reset_index().rename(columns={"site": "sites"})[["sites", *keys]]
+
+    def auto_sites(self) -> list[dict[str, Any]]:
+        """The first row's sites where ``auto`` chose a knob, identical ones together:
+        ``sites`` (``"1-3"``), ``hardware`` and ``auto`` (``"zero_stage 3, recompute full"``)."""
+        out: dict[tuple, list[int]] = {}
+        for s in (self.sites or [[]])[0]:
+            if s["auto"]:
+                out.setdefault((s["hardware"], s["auto"]), []).append(s["site"])
+        return [
+            {"sites": site_ranges(ids), "hardware": hw, "auto": a} for (hw, a), ids in out.items()
+        ]
 
     def unfit_sites(self) -> list[dict[str, Any]]:
         """The first row's sites whose strategy does not fit their devices' memory, identical
@@ -192,6 +203,8 @@ def _records(cs: CrossSite, df: pd.DataFrame) -> list[list[dict[str, Any]]]:
                 v = r[f"site{i + 1}_{k}"]
                 if k in ("fits_memory", "dropped"):
                     rec[k] = bool(v)
+                elif k == "auto":
+                    rec[k] = str(v)
                 elif k in ("compute_utilization_pct", "compute_share_of_busy_pct"):
                     rec[k.removesuffix("_pct")] = float(v) / 100.0  # fractions, as the row's
                 else:

@@ -74,7 +74,7 @@ def test_a_bad_setting_is_one_error_naming_the_parameter(call, field, value):
 def test_a_real_models_sites_take_the_knobs_over_their_defaults():
     cs = collab.cross_site_from_text(model="gpt3-125m", knobs={"tp": "2", "eager": True})
     assert cs.knobs == dict(
-        tp="2", pp=1, zero_stage=0, recompute="none", micro_batch_size=1, dtype="bf16",
+        tp="2", pp=1, zero_stage="auto", recompute="auto", micro_batch_size=1, dtype="bf16",
         fused_attention=True, eager=True,
     )  # fmt: skip
     assert cs.devices == (8,) and cs.batch_size == (128,) and cs.topology == "ring"
