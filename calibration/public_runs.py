@@ -315,8 +315,9 @@ def load_published_runs(
     """
     path = Path(path)
     try:
-        st = path.resolve().stat()
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        full = path.resolve()
+        st = full.stat()
+        key = (str(full), st.st_size, st.st_mtime_ns)
     except OSError:
         return _read_published_runs(path)  # raises what reading it raises
     if key not in _READ:

@@ -68,11 +68,10 @@ def estimate_document(
       AisimError: a bad knob or option (:func:`perfmodel.estimate`'s and the plan's fields).
     """
     consts, cov = calibration.constants, calibration.covariance
-    est, searched = estimate_or_best(
+    est, _ = estimate_or_best(
         model, hardware, consts, knobs, given, cost_model=cost_model, stack=stack
     )
     doc = est.to_dict()
-    doc["auto"] = doc["auto"] | searched
     doc["constants"] = calibration.to_dict()
     add_intervals(doc, est, consts, cov)
     if tokens is not None:

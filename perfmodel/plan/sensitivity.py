@@ -271,38 +271,59 @@ SEARCHED = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "interleave", "zer
             "recompute", "sequence_parallel")  # fmt: skip
 
 
+def grid_best(
+    model,
+    hardware,
+    consts,
+    num_gpus,
+    global_batch,
+    fixed,
+    *,
+    cost_model="aisim",
+    stack=None,
+    gpus_per_node=None,
+):
+    """The first row of the grid at ``num_gpus`` and ``global_batch`` with the knobs ``fixed``
+    (name -> value; None: free), or None when nothing is feasible."""
+    restrict = {k: [v] for k, v in fixed.items() if v is not None}
+    if "gpus_per_node" in restrict:  # the grid takes one node size, not a list of them
+        gpus_per_node = int(restrict.pop("gpus_per_node")[0])
+    return sweep(
+        [model], [hardware], num_gpus=[int(num_gpus)], global_batch=[int(global_batch)],
+        constants=lambda _: consts, top=1, cost_model=cost_model, stack=stack,
+        gpus_per_node=gpus_per_node, **restrict,
+    ).best  # fmt: skip
+
+
 def estimate_or_best(
     model, hardware, consts, knobs, given, *, cost_model="aisim", stack=None, gpus_per_node=None
-):
+) -> tuple[Estimate, bool]:
     """:func:`estimate` of ``knobs`` (the user's ``given`` over a caller's defaults, or None:
-    all the user's), and ``{}``; where the defaults' layout is what fails (tp 8 x pp 8 on 8 GPUs)
-    and ``given`` has no layout, the grid's best strategy with ``given`` fixed, and the knobs
-    the search chose (name -> value), for ``auto``."""
+    all the user's), and False; where the defaults' layout is what fails (tp 8 x pp 8 on 8 GPUs)
+    and ``given`` has no layout, the estimate of the grid's best strategy with ``given`` fixed
+    (:func:`grid_best`), its ``auto`` naming what the search chose, and True."""
     try:
         per_node = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
         est = estimate(
             model, hardware, constants=consts, cost_model=cost_model, stack=stack,
             **per_node, **knobs,
         )  # fmt: skip
-        return est, {}
+        return est, False
     except AisimError as e:
         if given is None or e.field not in LAYOUT or set(LAYOUT) & set(given):
             raise
         failed = e
-    fixed = {k: [v] for k, v in given.items() if v is not None}
-    fixed.pop("num_gpus", None), fixed.pop("global_batch_size", None)
-    if "gpus_per_node" in fixed:  # the grid takes one node size, not a list of them
-        per_node = {"gpus_per_node": int(fixed.pop("gpus_per_node")[0])}
-    best = sweep(
-        [model], [hardware], num_gpus=[int(knobs["num_gpus"])],
-        global_batch=[int(knobs["global_batch_size"])], constants=lambda _: consts, top=1,
-        cost_model=cost_model, stack=stack, **per_node, **fixed,
-    ).best  # fmt: skip
+    fixed = {k: v for k, v in given.items() if k not in ("num_gpus", "global_batch_size")}
+    best = grid_best(
+        model, hardware, consts, knobs["num_gpus"], knobs["global_batch_size"], fixed,
+        cost_model=cost_model, stack=stack, gpus_per_node=gpus_per_node,
+    )  # fmt: skip
     if best is None:
         raise failed
     est = estimate_row(best, model, hardware, consts)
     chosen = {k: best[k] for k in SEARCHED if k in best and k not in given}
-    return est, {k: v for k, v in chosen.items() if k not in ("cp", "ep") or v != 1}
+    chosen = {k: v for k, v in chosen.items() if k not in ("cp", "ep") or v != 1}
+    return dataclasses.replace(est, auto=est.auto | chosen), True
 
 
 def estimate_row(row: dict[str, Any], m, hw: Hardware, constants: Constants) -> Estimate:
@@ -338,25 +359,16 @@ def sensitivity_report(
     fields, ``strategy`` (its long label), ``searched``, the :func:`elasticities`
     (``elasticities``, ``bound_by``, ``bound_by_text``) and, with ``capacity``, the
     :func:`capacity_answer`."""
-    common = dict(cost_model=cost_model, stack=stack)
+    common = dict(cost_model=cost_model, stack=stack, gpus_per_node=gpus_per_node)
     if best:
-        restrict = {k: [v] for k, v in (knobs or {}).items() if v is not None}
-        row = sweep(
-            [model], [hw], num_gpus=[num_gpus], global_batch=[global_batch],
-            constants=lambda _: constants, top=1, gpus_per_node=gpus_per_node, **common,
-            **restrict,
-        ).best  # fmt: skip
-        est = estimate_row(row, model, hw, constants)
+        row = grid_best(model, hw, constants, num_gpus, global_batch, knobs or {}, **common)
+        est, searched = estimate_row(row, model, hw, constants), True
     else:
         chosen = {"num_gpus": num_gpus, "global_batch_size": global_batch, **(knobs or {})}
-        est, searched = estimate_or_best(
-            model, hw, constants, chosen, given, gpus_per_node=gpus_per_node, **common
-        )
+        est, searched = estimate_or_best(model, hw, constants, chosen, given, **common)
     doc = est.to_dict()
-    if not best:
-        doc["auto"] = doc["auto"] | searched
     doc["strategy"] = strategy_label(doc, short=False)
-    doc["searched"] = best or bool(searched)
+    doc["searched"] = searched
     doc.update(elasticities(est.model, est.hardware, constants, est.strategy, cost_model).to_dict())
     if capacity:
         answer = capacity_answer(
