@@ -67,17 +67,16 @@ def check_constant(where: str, field: str, entry: str, value: Any) -> float:
     cost, otherwise a number from 0 to :data:`MAX_OTHER`; else one error naming ``field``.
     Profiles and stack files are checked with it when they are read."""
     name = entry.partition(".")[0]
-    if name in FRACTION_FIELDS:
-        lo, hi, expected = 0.0, 1.0, "a fraction in (0, 1]"
+    fraction = name in FRACTION_FIELDS
+    if fraction:
+        hi, expected = 1.0, "a fraction in (0, 1]"
     elif name.endswith("_s"):
-        lo, hi, expected = -1.0, MAX_SECONDS, f"seconds from 0 to {MAX_SECONDS:g}"
+        hi, expected = MAX_SECONDS, f"seconds from 0 to {MAX_SECONDS:g}"
     else:
-        lo, hi, expected = -1.0, MAX_OTHER, f"a number from 0 to {MAX_OTHER:g}"
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (
-        ok and math.isfinite(value) and value <= hi and (value > lo if lo == 0.0 else value >= 0)
-    ):
-        raise bad_value(where, field, value, expected)
+        hi, expected = MAX_OTHER, f"a number from 0 to {MAX_OTHER:g}"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and (0 < value <= hi if fraction else 0 <= value <= hi)):
+        raise bad_value(where, field, value, expected)  # NaN and inf fail the comparisons too
     return float(value)
 
 

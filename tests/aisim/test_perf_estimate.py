@@ -168,6 +168,15 @@ def test_user_hardware_file_is_used_and_validated(tmp_path):
     f.write_text(json.dumps(doc))
     r = run(*args, "--hardware-file", str(f))
     assert r.exit_code == 2 and "links.inter_node.bandwidth_gb_per_s" in r.output
+    # 1e30 TFLOP/s overflowed the float32 model before it was refused (issue 29)
+    doc = _hw_doc()
+    doc["peak_tflops"]["fp32"] = 1e30
+    f.write_text(json.dumps(doc))
+    r = run(*args, "--hardware-file", str(f))
+    assert (
+        r.exit_code == 2
+        and "'peak_tflops.fp32' = 1e+30: expected a number in TFLOP/s up to" in r.output
+    )
 
 
 def test_user_model_file_is_validated(tmp_path):

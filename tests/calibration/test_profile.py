@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import types
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,31 @@ def test_a_profile_s_constants_go_over_the_preset_s(tmp_path):
     assert got.status == "profile" and got.covariance is None  # this profile stores none
     assert float(got.constants.matmul_efficiency_max) == pytest.approx(0.5)
     assert float(got.constants.memory_efficiency_max) == float(hw.constants.memory_efficiency_max)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [("matmul_efficiency_max", 7.0, "a fraction in (0, 1]"),
+     ("kernel_overhead_s", 1e30, "seconds from 0 to 60"),
+     ("matmul_half_flops", math.inf, "a number from 0 to 1e+15")],
+)  # fmt: skip
+def test_a_constant_no_device_can_have_is_refused_in_a_profile_and_a_stack_file(
+    tmp_path, name, value, expected
+):
+    # an efficiency of 7 or a kernel overhead of 1e30 s gave a step time of 1e35 s (issue 29)
+    hw = load_hardware("h100-sxm")
+    doc = {"schema": "aisim.profile/1", "hardware": "h100-sxm", "constants": {name: value}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(AisimError) as e:
+        run_constants(hw, path)
+    assert f"'constants.{name}'" in str(e.value) and expected in str(e.value)
+    stack = json.loads(Path(load_stack("torchtitan").where).read_text())
+    stack["constants"]["h100-sxm"]["values"][name] = value
+    (tmp_path / "s.json").write_text(json.dumps(stack))
+    with pytest.raises(AisimError) as e:
+        stack_constants(load_stack(str(tmp_path / "s.json"), hw), hw)
+    assert f"'constants.h100-sxm.values.{name}'" in str(e.value) and expected in str(e.value)
 
 
 def test_a_profile_of_other_hardware_is_refused_with_the_field_to_change(tmp_path):
