@@ -18,14 +18,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 from calibration.rows import SEARCHABLE, RowConfig, row_strategy
 from perfmodel.plan.uncertainty import ConstantsCovariance, prediction_intervals
-from perfmodel.search.evaluate import evaluate_grid
+from perfmodel.search.evaluate import evaluate_grid, stack_rows
 from perfmodel.specs.choices import Recompute, ZeroStage
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.strategy import Strategy
@@ -105,7 +103,7 @@ def _pad(strategies: list[Strategy]) -> tuple[Strategy, int]:
     n = len(strategies)
     size = 1 << (n - 1).bit_length()  # bucket the grid length so a sweep compiles a few shapes
     padded = strategies + [strategies[0]] * (size - n)
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *padded), n
+    return stack_rows(padded), n
 
 
 def predict_rows(

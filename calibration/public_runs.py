@@ -35,6 +35,7 @@ the run ZeRO-3 (Megatron-FSDP's "FSDP = 8"); a group of all the dp·cp ranks is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from pathlib import Path
@@ -47,7 +48,7 @@ import pandas as pd
 
 from perfmodel.plan.estimate import attention_heads, least_that_fits, model_limits
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import fast_jit
+from perfmodel.search.evaluate import fast_jit, stack_rows
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware, load_hardware
@@ -461,37 +462,45 @@ def evaluate_runs(
     return pd.DataFrame(out)
 
 
-# a group holds a few dozen runs at most
-_vmapped_step = fast_jit(jax.vmap(step_time, in_axes=(0, None, None, 0)))
+# every argument per run: runs on different hardware or constants share a program
+_vmapped_step = fast_jit(jax.vmap(step_time))
 
 
 def predict_runs(
     runs: list[PublishedRun], constants: dict[str, Constants] | None = None
 ) -> list[dict[str, float]]:
     """:func:`predict_run` of every run, one compiled program per group of runs that share a
-    hardware, a model structure and a stack (:func:`calibration.rows.build_batch`)."""
-    from calibration.rows import RowConfig, build_batch
-
+    model structure and a stack (what shapes the program: the hardware and the constants are
+    arguments of each run), each group padded to a power of two so that subsets of the runs
+    reuse the programs."""
     if not runs:
         return []
-    batch = build_batch(
-        [RowConfig(model=r.model, hardware=r.hardware, knobs={}, where=r.label) for r in runs],
-        [r.strategy for r in runs],
-    )
-    flat: list[Any] = []
-    starts = np.cumsum([0] + [len(np.asarray(g.model.num_layers)) for g in batch.groups])
-    for gi, g in enumerate(batch.groups):
-        first = runs[int(np.flatnonzero(batch.order == starts[gi])[0])]
-        if constants is None:
-            c = shipped_constants(first)
-        else:
-            c = constants.get(first.hardware.name, first.hardware.constants)
-        bd = _vmapped_step(g.model, g.hw, c, g.strategy)
-        n = len(np.asarray(g.model.num_layers))
-        flat += [jax.tree.map(lambda x, i=i: np.asarray(x)[i], bd) for i in range(n)]
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(runs):
+        spec = r.model.spec
+        groups.setdefault((spec.kind, spec.moe, spec.mla, r.strategy.stack), []).append(i)
+    flat: dict[int, Any] = {}
+    for idx in groups.values():
+        padded = idx + idx[-1:] * ((1 << (len(idx) - 1).bit_length()) - len(idx))
+        scope = functools.reduce(lambda a, b: a | b, (runs[i].strategy.scope for i in idx))
+        consts = [
+            shipped_constants(runs[i])
+            if constants is None
+            else constants.get(runs[i].hardware.name, runs[i].hardware.constants)
+            for i in padded
+        ]
+        bd = _vmapped_step(
+            stack_rows([runs[i].model.spec for i in padded]),
+            stack_rows([runs[i].hardware.spec for i in padded]),
+            stack_rows(consts),
+            stack_rows([dataclasses.replace(runs[i].strategy, scope=scope) for i in padded]),
+        )
+        bd = jax.tree.map(np.asarray, bd)
+        for j, i in enumerate(idx):
+            flat[i] = jax.tree.map(lambda x, j=j: x[j], bd)
     out = []
     for i, r in enumerate(runs):
-        bd = flat[int(batch.order[i])]
+        bd = flat[i]
         reserve = float(r.hardware.spec.memory_reserve_bytes) / 2**30
         out.append(
             {

@@ -17,11 +17,11 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 from calibration.columns import KNOB_COLUMNS
+from perfmodel.search.evaluate import stack_rows
 from perfmodel.specs.choices import Schedule
 from perfmodel.specs.hardware import Hardware, HardwareSpec, load_hardware
 from perfmodel.specs.model import Model, ModelSpec, load_model, model_from_dict, with_overrides
@@ -325,10 +325,6 @@ def row_strategy(rc: RowConfig, **fill: Any) -> Strategy:
         raise _relabel(e, rc.where) from None
 
 
-def _stack(trees: list) -> Any:
-    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *trees)
-
-
 def build_batch(rows: list[RowConfig], strategies: list[Strategy] | None = None) -> RowBatch:
     """Stacks rows by what shapes their compiled program (the hardware, the model's static
     structure, the software stack), each group under the union of its rows' scopes;
@@ -349,9 +345,9 @@ def build_batch(rows: list[RowConfig], strategies: list[Strategy] | None = None)
         scope = functools.reduce(lambda a, b: a | b, (strategies[i].scope for i in idx))
         groups.append(
             RowGroup(
-                model=_stack([rows[i].model.spec for i in idx]),
+                model=stack_rows([rows[i].model.spec for i in idx]),
                 hw=rows[idx[0]].hardware.spec,
-                strategy=_stack([dataclasses.replace(strategies[i], scope=scope) for i in idx]),
+                strategy=stack_rows([dataclasses.replace(strategies[i], scope=scope) for i in idx]),
             )
         )
         for i in idx:

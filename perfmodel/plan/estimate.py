@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import fast_jit
+from perfmodel.search.evaluate import fast_jit, stack_rows
 from perfmodel.search.report import results_frame, row_to_result
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
@@ -364,7 +363,7 @@ def least_that_fits(m: Model, hw: Hardware, strategies: list[Strategy]) -> int:
     for idx in groups.values():
         # padded to a power of two (the last repeated): one compiled program per size class
         padded = idx + idx[-1:] * ((1 << (len(idx) - 1).bit_length()) - len(idx))
-        batch = jax.tree.map(lambda *xs: jnp.stack(xs), *(strategies[i] for i in padded))
+        batch = stack_rows([strategies[i] for i in padded])
         fits[idx] = np.asarray(_fits(m.spec, hw.spec, batch))[: len(idx)]
     return int(np.argmax(fits)) if fits.any() else len(strategies) - 1
 

@@ -47,6 +47,14 @@ def compile_options(rows: int, platform: str | None = None) -> dict | None:
     return dict(_FAST_COMPILE)
 
 
+def stack_rows(trees) -> object:
+    """Pytrees of one structure (strategies, model specs) stacked on a new leading axis as
+    float32 numpy columns. Built on the host: stacking jax arrays leaf by leaf is a dispatched
+    operation per leaf and row (seconds for the few thousand candidate strategies of the shipped
+    runs), and the compiled program takes numpy columns as they are."""
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x, np.float32) for x in xs]), *trees)
+
+
 def fast_jit(fun, **jit_kwargs):
     """``jax.jit(fun, **jit_kwargs)`` compiled with :func:`compile_options` for one row: for a
     program that runs briefly on few rows (an estimate, a memory check, a small fit), where

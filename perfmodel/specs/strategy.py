@@ -172,8 +172,11 @@ def make_strategy(*, stack=None, **knobs: Any) -> Strategy:
     values = canonical(knobs)
     stack = stack_from_values(values, stack)
     leaves = leaf_codes(values)
+    # numpy scalars, not jax arrays: a jax array per leaf is a device transfer each, which
+    # made building the few thousand candidate layouts of the shipped runs take seconds; jit
+    # takes either, and the values are the same float32
     return from_leaves(
-        {k: jnp.asarray(v, jnp.float32) for k, v in leaves.items()}, stack, scope_of(leaves)
+        {k: np.asarray(v, np.float32) for k, v in leaves.items()}, stack, scope_of(leaves)
     )
 
 

@@ -50,7 +50,7 @@ ADAM_BYTES_PER_PARAM = 28.0
 
 
 def _divides(d, n):
-    return jnp.abs(jnp.round(n / d) * d - n) < 0.5
+    return jnp.abs(jnp.round(jnp.divide(n, d)) * d - n) < 0.5
 
 
 def validity(m: ModelSpec, hw: HardwareSpec, s: Strategy) -> Float[Array, ""]:
