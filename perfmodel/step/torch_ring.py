@@ -14,7 +14,7 @@ load balancing on (its default; the last rank, which merges every step in full, 
 - **Forward.** Each step's SDPA returns a 16-bit partial output and its log-sum-exp;
   ``_SDPAMerger`` (``convert_to_f32``, the default) upcasts it and merges it into an fp32
   running output with ``out - sigmoid(lse_i - lse) * (out - out_i)``, then casts the result
-  back once. Unfused (``eager``) that is the upcast (read ``B``, write 4), two subtractions and
+  back once. Unfused (eager mode) that is the upcast (read ``B``, write 4), two subtractions and
   a product over fp32 tensors (12, 8 and 12 bytes per output element): ``B + 36`` per element
   per step, 38 in bf16, plus the K/V concatenation for the exchange (read and write ``B`` per
   K/V element) every step. Compiled (``torch.compile`` traces the ring into the graph and
@@ -55,7 +55,7 @@ def torch_ring_kv_elements(m: ModelSpec, micro_batch, tp, cp):
 
 
 def torch_ring_ops(
-    m: ModelSpec, lay: Layout, bat: Batching, eager: bool, act_bytes
+    m: ModelSpec, lay: Layout, bat: Batching, unfused: bool, act_bytes
 ) -> tuple[OpClass, OpClass]:
     """The ring's merge and accumulation kernels of one layer on one rank: ``(forward,
     backward)`` vector op classes (module docstring), empty where ``cp = 1``.
@@ -64,7 +64,8 @@ def torch_ring_ops(
       m: a transformer's dimensions.
       lay: the layout (``cp``, ``tp``).
       bat: the batching (``micro_batch_size``).
-      eager: the stack runs PyTorch eager mode (unfused merges) rather than ``torch.compile``.
+      unfused: each merge step is separate kernels (PyTorch eager mode) rather than one fused
+        kernel (``torch.compile``).
       act_bytes: bytes of a 16-bit activation (``B``; FP8 runs keep 16-bit attention).
     """
     B, F = act_bytes, FP32_BYTES
@@ -75,7 +76,7 @@ def torch_ring_ops(
     o = T * att.v_dim / lay.tp  # the attention output
     kv = torch_ring_kv_elements(m, bat.micro_batch_size, lay.tp, lay.cp)
     casts = 2.0 * (B + F)
-    if eager:
+    if unfused:
         fwd_bytes = n * (B + 9.0 * F) * o + casts * o + n * 2.0 * B * kv
         fwd_kernels = 11.0 * n + 2.0
         step = (2.0 * F + B) * q + ((2.0 * F + B) / 2.0 + 4.0 * F + 2.0 * B) * kv
