@@ -25,7 +25,7 @@ from perfmodel.search.report import results_frame, row_to_result
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware, load_hardware, load_hardware_file
-from perfmodel.specs.knobs import BY_NAME, canonical
+from perfmodel.specs.knobs import BY_NAME, canonical, model_defaults
 from perfmodel.specs.model import (
     Model,
     load_model,
@@ -299,8 +299,8 @@ def estimate(
     knobs of the registry (:data:`perfmodel.specs.knobs.KNOBS`, any spelling), which
     :func:`~perfmodel.specs.validate.strategy_from_knobs` validates: dp = num_gpus /
     (tp·cp·pp) when omitted; ``num_gpus`` defaults to 8; the model's experts and sequence length
-    are checked against ep and cp; ``fused_attention`` defaults to the model's
-    ``fused_attention_default`` unless a ``stack`` is given. Under ``cost_model="distir"`` tp
+    are checked against ep and cp; without a ``stack``, the knobs a model preset sets
+    (:func:`~perfmodel.specs.knobs.model_defaults`: its attention kernel) default to the model's. Under ``cost_model="distir"`` tp
     need only be at most the number of heads, as DistIR checks it.
 
     Args:
@@ -372,9 +372,7 @@ def _candidates(m: Model, hw: Hardware, gpus_per_node, cost_model: str, knobs: d
     """The strategies the knobs mean (several where one is ``auto``), validated for this model
     and hardware (the model's experts and sequence length check ep and cp)."""
     heads, kv_heads = attention_heads(m)
-    base = {"num_gpus": 8}
-    if stack is None:
-        base["fused_attention"] = m.fused_attention_default
+    base = {"num_gpus": 8} | ({} if stack is not None else model_defaults(m))
     return strategy_candidates(
         num_layers=int(m.spec.num_layers),
         num_heads=heads,

@@ -21,7 +21,7 @@ from perfmodel.plan.estimate import attention_heads, model_limits
 from perfmodel.search.grid import StrategyGrid, concat_grids, enumerate_strategies, parse_lists
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.hardware import Hardware
-from perfmodel.specs.knobs import BY_NAME, KNOBS
+from perfmodel.specs.knobs import BY_NAME, KNOBS, model_defaults
 from perfmodel.specs.model import Model
 from perfmodel.specs.stack import Stack
 from perfmodel.specs.stack_preset import load_stack
@@ -109,16 +109,17 @@ def pair_grid(
 ) -> StrategyGrid:
     """The strategies searched for one (model, hardware): the cost model's grid over every GPU
     count and global batch, restricted by the knobs (:func:`normalise_knobs`), in the dtypes
-    the hardware supports; without a ``fused_attention`` restriction, the model's
-    ``fused_attention_default`` over the ``stack``."""
+    the hardware supports; without a ``stack``, the knobs a model preset sets
+    (:func:`~perfmodel.specs.knobs.model_defaults`) take the model's values where the knobs do
+    not restrict them."""
     if cost_model == "distir":
         return distir_grid(num_gpus, global_batch, knobs, gpus_per_node)
     heads, kv_heads = attention_heads(model)
     supported = [d.label for d in Dtype if float(hw.spec.peak_flops_per_s[int(d)]) > 0]
     base = Stack() if stack is None else stack
-    if stack is None and knobs.get("fused_attention") is None:
-        # the attention kernel the model's runs use
-        base = dataclasses.replace(base, fused_attention=model.fused_attention_default)
+    if stack is None:  # the attention kernel the model's runs use, unless the knobs choose
+        given = {k: v for k, v in model_defaults(model).items() if knobs.get(k) is None}
+        base = dataclasses.replace(base, **given)
     base = load_stack(base)
     return enumerate_strategies(
         **model_limits(model),

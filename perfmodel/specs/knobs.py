@@ -87,6 +87,8 @@ class Knob:
       derive: for a knob whose default is ``None`` (automatic), its value from the other
         knobs' codes (scalars, numpy columns or traced arrays alike): what reports show and
         what the physics uses.
+      model_default: the model preset's attribute that gives the knob's value where neither
+        the caller nor a software stack does (the attention kernel a model's runs used).
     """
 
     name: str
@@ -107,6 +109,7 @@ class Knob:
     auto: tuple = ()
     auto_rule: str = ""
     derive: Callable[[Mapping[str, Any]], Any] | None = None
+    model_default: str = ""
 
     @property
     def option(self) -> str:
@@ -371,6 +374,7 @@ KNOBS: tuple[Knob, ...] = (
         "fused_attention", "stack", bool, False,
         "A fused attention kernel (FlashAttention, cuDNN): no s x s scores stored or written "
         "(default: the model preset's).", aliases=("flash_attention", "use_flash_attn"),
+        model_default="fused_attention_default",
         tag=lambda r, short: "" if not r["fused_attention"] else (
             ("FA2" if r.get("attention_kernel") == "fa2" else "FA") if short
             else "fa" + (" fa2" if r.get("attention_kernel") == "fa2" else "")
@@ -478,6 +482,12 @@ def knobs_of(home: str) -> tuple[Knob, ...]:
 
 LEAF_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.home in ("layout", "batching", "memory"))
 STACK_KNOBS: tuple[Knob, ...] = knobs_of("stack")
+
+
+def model_defaults(model: Any) -> dict[str, Any]:
+    """The knob values a model preset gives where no software stack is named
+    (:attr:`Knob.model_default`), by knob name."""
+    return {k.name: getattr(model, k.model_default) for k in KNOBS if k.model_default}
 
 
 def canonical(values: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:

@@ -50,9 +50,6 @@ from perfmodel.step.breakdown import StepBreakdown
 from perfmodel.step.memory import layers_per_stage, memory_per_device, stage_params
 from perfmodel.step.workload import OpClass, layer_forward_ops, logits_forward_ops
 
-# what DistIR models of a software stack: no DP overlap, no fused attention
-DISTIR_STACK = Stack(name="distir", dp_overlap=False, fused_attention=False)
-
 
 def _load_defaults() -> dict:
     text = resources.files("perfmodel").joinpath("profiles/distir_defaults.json").read_text()
@@ -60,6 +57,10 @@ def _load_defaults() -> dict:
 
 
 DISTIR_DEFAULTS = _load_defaults()
+# what DistIR models of a software stack (its defaults file's "stack": no DP overlap, no fused
+# attention)
+DISTIR_STACK_BEHAVIOUR = dict(DISTIR_DEFAULTS["stack"])
+DISTIR_STACK = Stack(name="distir", **DISTIR_STACK_BEHAVIOUR)
 # numpy, not jax: importing this module must not start a JAX backend (jax.distributed
 # has to be initialised first, fl.distributed)
 DEVICE_THROUGHPUT_FLOPS_PER_S = np.asarray(
@@ -209,7 +210,7 @@ def plain_strategy(s: Strategy) -> Strategy:
             interleave=jnp.ones_like(zero),
             schedule=jnp.full_like(zero, float(Schedule.ONE_F_ONE_B)),
         ),
-        stack=dataclasses.replace(s.stack, dp_overlap=False, fused_attention=False),
+        stack=dataclasses.replace(s.stack, **DISTIR_STACK_BEHAVIOUR),
     )
 
 

@@ -229,12 +229,18 @@ class Redo(NamedTuple):
     gemm_flops: Float[Array, ""] | float  # their GEMMs' FLOPs in the attention block
 
 
+def selective_redoes_attention(stack) -> bool:
+    """Whether selective recomputation redoes anything in the attention core: not under a fused
+    kernel, which stores no s x s scores to drop (Korthikanti et al. 2022 §5)."""
+    return not stack.fused_attention
+
+
 def recomputation(m: ModelSpec, s: Strategy, t, ops: LayerOps, ts: OpTimes, act_b) -> Redo:
     """Selective recomputation's redo of the attention core and its softmax (nothing under a
     fused kernel, which stores no scores: Korthikanti et al. 2022 §5) and the attention-block
     part of the modules the stack recomputes (:func:`perfmodel.step.recompute.redone_ops`)."""
-    fused = s.stack.fused_attention
-    selective = False if fused else s.memory.recompute == Recompute.SELECTIVE
+    redoes = selective_redoes_attention(s.stack)
+    selective = s.memory.recompute == Recompute.SELECTIVE if redoes else False
     sel_redo = 0.0 if selective is False else where(selective, ts.attention + ts.softmax, 0.0)
     redone = redone_ops(m, s, ops, act_b)
     redo_attn = 0.0 if redone is None else sum(t(op) for op in redone.attention)
