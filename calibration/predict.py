@@ -23,7 +23,7 @@ import pandas as pd
 
 from calibration.rows import SEARCHABLE, RowConfig, row_strategy
 from perfmodel.plan.uncertainty import ConstantsCovariance, prediction_intervals
-from perfmodel.search.evaluate import evaluate_grid, stack_rows
+from perfmodel.search.evaluate import evaluate_grid, padded_to_power_of_two, stack_rows
 from perfmodel.specs.choices import Recompute, ZeroStage
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.strategy import Strategy
@@ -100,10 +100,8 @@ def row_grid(rc: RowConfig) -> tuple[list[dict[str, Any]], list[Strategy]]:
 
 
 def _pad(strategies: list[Strategy]) -> tuple[Strategy, int]:
-    n = len(strategies)
-    size = 1 << (n - 1).bit_length()  # bucket the grid length so a sweep compiles a few shapes
-    padded = strategies + [strategies[0]] * (size - n)
-    return stack_rows(padded), n
+    # the grid length in size classes, so that a sweep compiles a few shapes
+    return stack_rows(padded_to_power_of_two(strategies)), len(strategies)
 
 
 def predict_rows(

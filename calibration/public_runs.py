@@ -48,7 +48,7 @@ import pandas as pd
 
 from perfmodel.plan.estimate import attention_heads, least_that_fits, model_limits
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import fast_jit, stack_rows
+from perfmodel.search.evaluate import fast_jit, padded_to_power_of_two, stack_rows
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware, load_hardware
@@ -481,7 +481,7 @@ def predict_runs(
         groups.setdefault((spec.kind, spec.moe, spec.mla, r.strategy.stack), []).append(i)
     flat: dict[int, Any] = {}
     for idx in groups.values():
-        padded = idx + idx[-1:] * ((1 << (len(idx) - 1).bit_length()) - len(idx))
+        padded = padded_to_power_of_two(idx)
         scope = functools.reduce(lambda a, b: a | b, (runs[i].strategy.scope for i in idx))
         consts = [
             shipped_constants(runs[i])

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from perfmodel.plan.stack_constants import stack_constants
-from perfmodel.search.evaluate import fast_jit, stack_rows
+from perfmodel.search.evaluate import fast_jit, padded_to_power_of_two, stack_rows
 from perfmodel.search.report import results_frame, row_to_result
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
@@ -300,8 +300,9 @@ def estimate(
     :func:`~perfmodel.specs.validate.strategy_from_knobs` validates: dp = num_gpus /
     (tp·cp·pp) when omitted; ``num_gpus`` defaults to 8; the model's experts and sequence length
     are checked against ep and cp; without a ``stack``, the knobs a model preset sets
-    (:func:`~perfmodel.specs.knobs.model_defaults`: its attention kernel) default to the model's. Under ``cost_model="distir"`` tp
-    need only be at most the number of heads, as DistIR checks it.
+    (:func:`~perfmodel.specs.knobs.model_defaults`: its attention kernel) default to the
+    model's. Under ``cost_model="distir"`` tp need only be at most the number of heads, as
+    DistIR checks it.
 
     Args:
       model: a preset name or a :class:`Model` (see :func:`resolve_model` for the other ways).
@@ -361,8 +362,7 @@ def least_that_fits(m: Model, hw: Hardware, strategies: list[Strategy]) -> int:
     for i, s in enumerate(strategies):
         groups.setdefault((s.stack, s.scope), []).append(i)
     for idx in groups.values():
-        # padded to a power of two (the last repeated): one compiled program per size class
-        padded = idx + idx[-1:] * ((1 << (len(idx) - 1).bit_length()) - len(idx))
+        padded = padded_to_power_of_two(idx)  # one compiled program per size class
         batch = stack_rows([strategies[i] for i in padded])
         fits[idx] = np.asarray(_fits(m.spec, hw.spec, batch))[: len(idx)]
     return int(np.argmax(fits)) if fits.any() else len(strategies) - 1

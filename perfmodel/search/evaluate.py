@@ -55,6 +55,12 @@ def stack_rows(trees) -> object:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x, np.float32) for x in xs]), *trees)
 
 
+def padded_to_power_of_two(items: list) -> list:
+    """``items`` with its last repeated up to the next power of two in length: a batch of any
+    size then compiles one program per size class."""
+    return items + items[-1:] * ((1 << (len(items) - 1).bit_length()) - len(items))
+
+
 def fast_jit(fun, **jit_kwargs):
     """``jax.jit(fun, **jit_kwargs)`` compiled with :func:`compile_options` for one row: for a
     program that runs briefly on few rows (an estimate, a memory check, a small fit), where
