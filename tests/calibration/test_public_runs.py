@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibration.measurements import load_measurements
 from calibration.public_runs import (
     HOLDOUT_CSV,
     MAIN_CSV,
@@ -22,10 +23,12 @@ from calibration.public_runs import (
     load_published_runs,
     megatron_flops,
 )
+from calibration.rows import resolve_rows, row_strategy
 from perfmodel import load_stack
 from perfmodel.specs.choices import Recompute, RecomputeModule
 from perfmodel.specs.model import model_from_dict
-from perfmodel.specs.strategy import strategy_to_dict
+from perfmodel.specs.strategy import leaves_of, strategy_to_dict
+from simbase.errors import AisimError
 
 pytestmark = pytest.mark.slow  # one compiled program per stack behaviour, model and hardware
 
@@ -274,3 +277,31 @@ def test_an_independent_deepspeed_source_from_its_printed_facts():
     df = evaluate_runs(mtnlg)
     assert df.feasible.all()
     assert (df.error_pct.abs() < 10.0).all(), df[["label", "error_pct"]]
+
+
+def test_shipped_public_runs_map_like_their_loader(evaluated):
+    """The research table read through the general measurement schema gives each row the
+    parallel layout and dtype that calibration.public_runs reads for it."""
+    df = load_measurements(MAIN_CSV, purpose="any", skip_bad_rows=True)
+    runs = evaluated[0]  # the runs this module reads (load_published_runs reads a file once)
+    by_label = {}
+    for r in runs:
+        v = leaves_of(r.strategy)
+        by_label.setdefault((r.model.name, r.hardware.name.split("@")[0]), []).append(
+            tuple(int(float(v[k])) for k in ("tp", "pp", "cp", "ep", "dtype"))
+        )
+    checked = 0
+    for rc in resolve_rows(df[df["model"] != "custom"]):
+        try:
+            s = row_strategy(rc)
+        except AisimError:
+            continue
+        key = (rc.model.name, rc.hardware.name)
+        if key not in by_label:
+            continue
+        v = leaves_of(s)
+        got = tuple(int(float(v[k])) for k in ("tp", "pp", "cp", "ep", "dtype"))
+        assert got in by_label[key], (rc.where, got)
+        checked += 1
+    assert checked >= 20
+    assert np.nanmax(df["cp"].astype(float)) > 1 and np.nanmax(df["ep"].astype(float)) > 1
