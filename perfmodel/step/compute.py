@@ -32,7 +32,7 @@ from perfmodel.step.memory import end_stage_layers, layers_per_stage, stage_moe_
 from perfmodel.step.precision import Precision
 from perfmodel.step.roofline import quantized
 from perfmodel.step.select import where
-from perfmodel.step.workload import LayerOps, logits_forward_ops
+from perfmodel.step.workload import LayerOps, logits_forward_ops, stores_scores
 
 
 class StageCompute(NamedTuple):
@@ -187,7 +187,7 @@ def stage_compute(
         moe, gemm_moe = moe_layer(m, s, c, t, prec, attn, redo, frac, hw, tiles)
         st = _moe_stages(m, arr, dense, moe, redo.selective_s, (gemm_dense, gemm_moe), logits_s)
     hw_flops = st.hw_flops
-    if s.stack.fused_attention:
+    if not stores_scores(s.stack):  # a fused kernel's backward redoes Q·Kᵀ
         hw_flops = hw_flops + m.num_layers * attn.fa_flops
     hw_flops = hw_flops + 3.0 * logits_mm.flops
     stage_mb = where(

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from perfmodel.specs.choices import AttentionKernel, CpComm, Recompute
+from perfmodel.specs.choices import CpComm, Recompute
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import HardwareSpec
 from perfmodel.specs.model import ModelSpec, attention_shape
@@ -35,7 +35,14 @@ from perfmodel.step.recompute import Redone, redone_ops
 from perfmodel.step.roofline import op_time_s, quantize_ops
 from perfmodel.step.select import where
 from perfmodel.step.torch_ring import torch_ring_ops
-from perfmodel.step.workload import LayerOps, OpClass, layer_forward_ops
+from perfmodel.step.workload import (
+    LayerOps,
+    OpClass,
+    attention_constants,
+    flash_backward_redo,
+    layer_forward_ops,
+    stores_scores,
+)
 
 
 class LayerTime(NamedTuple):
@@ -61,9 +68,9 @@ def timer(hw: HardwareSpec, c: Constants, prec: Precision, s: Strategy):
     16-bit efficiency (times ``fp8_block_scaled_gemm_ratio`` under a row-, block- or MX-scaled
     recipe: ``RecipeCost.block_scaled``), FP4 ones at
     ``fp4_matmul_efficiency_ratio``, saturating at the same time per kernel (the half-size in
-    FLOPs scales with the peak); a fused attention kernel at ``attention_efficiency_ratio`` of
-    a GEMM's (cuDNN's), and FlashAttention-2 at the hardware's ``fa2_attention_ratio`` of that;
-    the logits GEMM at the 16-bit peak; vector kernels at the fp32 peak.
+    FLOPs scales with the peak); the attention core at the stack's kernel's efficiency
+    (:func:`~perfmodel.step.workload.attention_constants`); the logits GEMM at the 16-bit
+    peak; vector kernels at the fp32 peak.
     """
     bw = hw.memory_bandwidth_bytes_per_s
     lin_c = c
@@ -78,12 +85,7 @@ def timer(hw: HardwareSpec, c: Constants, prec: Precision, s: Strategy):
             matmul_efficiency_max=c.matmul_efficiency_max * where(prec.fp8, ratio, 1.0),
             matmul_half_flops=c.matmul_half_flops * peak_ratio,
         )
-    attn_c = c
-    if s.stack.fused_attention:
-        eff = c.matmul_efficiency_max * c.attention_efficiency_ratio
-        if s.stack.attention_kernel == AttentionKernel.FA2:
-            eff = eff * hw.fa2_attention_ratio
-        attn_c = dataclasses.replace(c, matmul_efficiency_max=eff)
+    attn_c = attention_constants(c, hw, s.stack)
 
     def t(op: OpClass):
         if op.role == "linear":
@@ -149,7 +151,7 @@ def layer_ops(
         lay.tp,
         mem.sequence_parallel,
         act_b,
-        s.stack.fused_attention,
+        not stores_scores(s.stack),
         lay.cp,
     )
     if hw is not None:
@@ -207,8 +209,8 @@ def attention_block(m: ModelSpec, s: Strategy, ops: LayerOps, t, act_b) -> Atten
     bwd = sum(2.0 * x for x in attn_ts)
     core_bwd = 2.0 * ts.attention
     fa_flops = 0.0
-    if s.stack.fused_attention:
-        fa_redo = dataclasses.replace(scaled(ops.attention, 0.5), kernels=jnp.zeros(()))
+    fa_redo = flash_backward_redo(ops.attention, s.stack)
+    if fa_redo is not None:
         fa_redo_s = t(fa_redo)
         bwd, core_bwd, fa_flops = bwd + fa_redo_s, core_bwd + fa_redo_s, fa_redo.flops
     if s.scope.cp and s.stack.cp_comm == CpComm.TORCH and m.kind == "transformer":
@@ -232,7 +234,7 @@ class Redo(NamedTuple):
 def selective_redoes_attention(stack) -> bool:
     """Whether selective recomputation redoes anything in the attention core: not under a fused
     kernel, which stores no s x s scores to drop (Korthikanti et al. 2022 §5)."""
-    return not stack.fused_attention
+    return stores_scores(stack)
 
 
 def recomputation(m: ModelSpec, s: Strategy, t, ops: LayerOps, ts: OpTimes, act_b) -> Redo:

@@ -57,6 +57,7 @@ from perfmodel.step.precision import activation_bytes
 from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.recompute import saved_elements
 from perfmodel.step.select import where
+from perfmodel.step.workload import stores_scores
 
 
 @jax.tree_util.register_dataclass
@@ -214,7 +215,7 @@ def _activation_bytes(m: ModelSpec, s: Strategy, moe_layer: bool):
     replicated, split, mlp, scores = _layer_elements(m)
     # a fused attention kernel keeps none of the s² tensors (only a row statistic of a·s·b
     # floats, left out here)
-    attn = 0.0 if s.stack.fused_attention else scores
+    attn = scores if stores_scores(s.stack) else 0.0
     if moe_layer:
         moe = moe_activation_bytes(m, b, t, lay.cp, lay.moe_imbalance, act_b) / scale
         mlp_elems = moe / sbh  # already per device

@@ -4,6 +4,12 @@ Counting follows Megatron-LM's GPT layer (Narayanan et al. SC21, §5 and eq. 3):
 microbatch of ``b`` sequences of length ``s``, the forward pass costs ``24·b·s·h² + 4·b·s²·h``
 FLOPs with ``ffn = 4h``, generalised to grouped-query and latent attention and gated MLPs.
 Bytes are the HBM traffic of each kernel (inputs read, outputs written).
+
+What the stack's attention kernel changes is here and nowhere else (:func:`stores_scores`,
+:func:`attention_constants`, :func:`flash_backward_redo` and the attention core's op classes):
+a fused, FlashAttention-style kernel (Dao et al. 2022) keeps the ``s²`` scores on chip, skips a
+causal mask's upper triangle, runs at its own efficiency, and recomputes the scores in its
+backward pass.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.specs.choices import AttentionKernel
+from perfmodel.specs.constants import Constants
+from perfmodel.specs.hardware import HardwareSpec
 from perfmodel.specs.model import ModelSpec, attention_shape, mlp_params
 from perfmodel.step.select import where
 
@@ -90,6 +99,37 @@ def gemm(m, n, k, share=1.0, batch=None, training=True) -> Gemm:
     """A :class:`Gemm` (the dimensions as given, so that one dimension shared by several
     GEMMs is one value; ``batch`` None: one problem)."""
     return Gemm(m=m, n=n, k=k, share=share, batch=batch, training=training)
+
+
+def stores_scores(stack) -> bool:
+    """Whether the stack's attention writes the ``s²`` score tensor to memory: an unfused
+    kernel does (and the softmax, mask and dropout are kernels of their own, whose outputs
+    selective recomputation drops: Korthikanti et al. 2022 §5); a fused kernel keeps the scores
+    on chip (only a row statistic reaches memory)."""
+    return not stack.fused_attention
+
+
+def attention_constants(c: Constants, hw: HardwareSpec, stack) -> Constants:
+    """The constants that time the attention core: a fused kernel at ``attention_efficiency_ratio``
+    of a GEMM's efficiency (cuDNN's), FlashAttention-2 at the hardware's ``fa2_attention_ratio``
+    of that; unfused kernels are GEMMs (``c`` itself)."""
+    if stores_scores(stack):
+        return c
+    eff = c.matmul_efficiency_max * c.attention_efficiency_ratio
+    if stack.attention_kernel == AttentionKernel.FA2:
+        eff = eff * hw.fa2_attention_ratio
+    return dataclasses.replace(c, matmul_efficiency_max=eff)
+
+
+def flash_backward_redo(attention: OpClass, stack) -> OpClass | None:
+    """What a fused kernel's backward pass runs again of the attention core's forward: Q·Kᵀ,
+    half of its FLOPs and bytes, inside the backward kernels (no launches of its own). None
+    under an unfused kernel, which reads the stored scores instead."""
+    if stores_scores(stack):
+        return None
+    return dataclasses.replace(
+        attention, flops=attention.flops * 0.5, bytes=attention.bytes * 0.5, kernels=jnp.zeros(())
+    )
 
 
 def attention_causal_factor(m: ModelSpec, fused_attention: bool) -> Float[Array, ""]:
