@@ -42,7 +42,7 @@ CROSSSITE_RUNS = "crosssite_runs.csv"
 _RUN_TEXT = ("run", "role", "source", "model", "hardware", "recompute", "mode")
 _RUN_TEXT += ("compression", "topology", "utilization_definition")
 _RUN_INTS = ("num_layers", "seq_len", "sites", "gpus_per_site", "batch_size", "micro_batch_size")
-_RUN_INTS += ("zero", "fused_attention", "local_steps", "overlap")
+_RUN_INTS += ("zero", "local_steps", "overlap")
 _RUN_FLOATS = ("wan_up_gbps", "wan_down_gbps", "published_compute_utilization_pct")
 _RUN_OPTIONAL = ("vocab_size", "topk_fraction", "server_gbps", "published_sync_s")
 _RUN_OPTIONAL += (
@@ -69,7 +69,7 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     Columns: ``run``, ``role`` (``fit`` or ``heldout``), the model (a preset, ``num_layers``,
     optional ``vocab_size``, ``seq_len``), the sites (``hardware``, ``sites``,
     ``gpus_per_site``, ``batch_size`` sequences per site per inner step, ``micro_batch_size``,
-    ``zero``, ``recompute``, ``fused_attention``), the round (``mode``, ``local_steps``,
+    ``zero``, ``recompute``), the round (``mode``, ``local_steps``,
     ``compression``, optional ``topk_fraction``, ``topology``, ``overlap``), the links
     (``wan_up_gbps``, ``wan_down_gbps``, optional ``server_gbps``, ``wan_rtt_ms`` the round trip
     of the ring's longest hop (blank: the preset's latency) and ``tcp_window_bytes`` the bytes a
@@ -79,8 +79,8 @@ def load_crosssite_runs(path: str | Path | None = None) -> pd.DataFrame:
     ``published_round_compute_s``, ``published_mfu_pct``). Optional columns: ``window_s`` the
     round's fixed length when the protocol sets it, ``published_inner_step_s`` a published
     per-step time that replaces the step model's (only where a source gives one), and any
-    software-stack knob of :func:`perfmodel.estimate` by its name (``logit_bytes``, ...): a
-    blank cell leaves the knob at its default.
+    software-stack knob of :func:`perfmodel.estimate` by its name (``fused_attention``,
+    ``logit_bytes``, ...): a blank cell leaves the knob at its default.
 
     Raises:
       AisimError: a missing column, a bad value (naming the file, ``row N: column`` and the
@@ -130,8 +130,8 @@ def _stack_knobs(row, where: str) -> dict:
     out = {}
     for col in row.index:
         knob = STACK_COLUMNS.get(str(col))
-        if knob is None or knob.name == "fused_attention" or _extra(row, col) is None:
-            continue  # fused_attention is a required column, read with the others
+        if knob is None or _extra(row, col) is None:
+            continue
         value = row[col]
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # a whole number in a column that has blanks reads as a float
@@ -173,7 +173,6 @@ def crosssite_of_run(row, wan_efficiency: float | None = None):
             zero_stage=int(row["zero"]),
             recompute=row["recompute"],
             micro_batch_size=int(row["micro_batch_size"]),
-            fused_attention=bool(row["fused_attention"]),
             dtype="bf16",
             **knobs,
         ),

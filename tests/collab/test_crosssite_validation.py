@@ -174,6 +174,7 @@ def test_covenant_runs_in_templars_fixed_window_by_hand(validation):
         # a stack knob's column is read and checked by perfmodel's registry
         (",per_op,12,1", ",per_opp,12,1", "recompute_modules"),
         (",per_op,12,1", ",per_op,-12,1", "logit_bytes"),
+        (",full,1,diloco,", ",full,maybe,diloco,", "fused_attention"),
         (",94.5,compute_share_of_busy,", ",94.5,busy,", "utilization_definition"),
     ],
 )
