@@ -26,13 +26,12 @@ from perfmodel.step.layer_time import (
     dense_layer,
     moe_layer,
     recomputation,
-    scaled,
 )
 from perfmodel.step.memory import end_stage_layers, layers_per_stage, stage_moe_layers
 from perfmodel.step.precision import Precision
 from perfmodel.step.roofline import quantized
 from perfmodel.step.select import where
-from perfmodel.step.workload import LayerOps, logits_forward_ops, stores_scores
+from perfmodel.step.workload import LayerOps, logits_forward_ops, scaled, stores_scores
 
 
 class StageCompute(NamedTuple):

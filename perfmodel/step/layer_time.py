@@ -41,6 +41,7 @@ from perfmodel.step.workload import (
     attention_constants,
     flash_backward_redo,
     layer_forward_ops,
+    scaled,
     stores_scores,
 )
 
@@ -51,13 +52,6 @@ class LayerTime(NamedTuple):
     fwd_s: Float[Array, ""]
     bwd_s: Float[Array, ""]
     flops: Float[Array, ""]
-
-
-def scaled(op: OpClass, factor) -> OpClass:
-    """The op class ``factor`` times over (FLOPs, bytes and kernels)."""
-    return dataclasses.replace(
-        op, flops=op.flops * factor, bytes=op.bytes * factor, kernels=op.kernels * factor
-    )
 
 
 def timer(hw: HardwareSpec, c: Constants, prec: Precision, s: Strategy):

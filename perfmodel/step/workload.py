@@ -127,8 +127,13 @@ def flash_backward_redo(attention: OpClass, stack) -> OpClass | None:
     under an unfused kernel, which reads the stored scores instead."""
     if stores_scores(stack):
         return None
+    return dataclasses.replace(scaled(attention, 0.5), kernels=jnp.zeros(()))
+
+
+def scaled(op: OpClass, factor) -> OpClass:
+    """The op class ``factor`` times over (FLOPs, bytes and kernels)."""
     return dataclasses.replace(
-        attention, flops=attention.flops * 0.5, bytes=attention.bytes * 0.5, kernels=jnp.zeros(())
+        op, flops=op.flops * factor, bytes=op.bytes * factor, kernels=op.kernels * factor
     )
 
 
