@@ -25,7 +25,7 @@ from collab.scenario import SERDE_DEFAULT_BYTES_PER_S, Scenario
 from collab.scenario_model import SERDE_FORMATS, WAN
 from collab.serialisation import check_formats, measure_serde, serde_throughputs
 from perfmodel import Hardware, load_hardware, load_hardware_file, load_stack, resolve_model
-from simbase import units
+from simbase import read_json, units
 from simbase.errors import bad_value
 from simbase.parse import split_list
 
@@ -34,13 +34,11 @@ MAX_SITES = 1024  # sites are stacked on one axis; more is a typo, not a collabo
 MAX_COUNT = 2**31 - 1
 MAX_PARAMS = 1e15
 MAX_BITS_PER_S = 1e15
-# what a site of a real model runs when not told (perf estimate's defaults differ)
-# each site a data-parallel replica of the model, sharded (ZeRO) and recomputed only as far as
-# it needs to fit its devices (auto: the least that fits, and the output says what), as the
-# cross-site runs did inside each site (INTELLECT-1: FSDP within a site)
-SITE_DEFAULTS = dict(
-    tp=1, pp=1, zero_stage="auto", recompute="auto", micro_batch_size=1, dtype="bf16"
-)  # fmt: skip
+# what a site of a real model runs when not told, with its sources (data/site_recipe.json): the
+# knobs (perf estimate's defaults differ), and those that apply only where no stack is named
+_SITE_RECIPE = read_json(Path(__file__).parent / "data" / "site_recipe.json", "site recipe")
+SITE_DEFAULTS: dict = _SITE_RECIPE["knobs"]
+NO_STACK_DEFAULTS: dict = _SITE_RECIPE["without_stack"]
 
 
 def parse_list(text: str | None, field: str) -> list[str]:
@@ -397,9 +395,9 @@ def _round_fields(
 
 
 def _site_software(knobs: dict, stack: str | None, hw: Hardware) -> dict:
-    """The sites' knobs over :data:`SITE_DEFAULTS` (fused attention on unless a ``stack`` is
-    given) and their software stack, as :class:`collab.CrossSite` fields."""
-    site_knobs = SITE_DEFAULTS | ({} if stack else {"fused_attention": True}) | knobs
+    """The sites' knobs over :data:`SITE_DEFAULTS` (and :data:`NO_STACK_DEFAULTS` unless a
+    ``stack`` is given) and their software stack, as :class:`collab.CrossSite` fields."""
+    site_knobs = SITE_DEFAULTS | ({} if stack else NO_STACK_DEFAULTS) | knobs
     return dict(knobs=site_knobs, stack=load_stack(stack, hw))
 
 
@@ -454,7 +452,7 @@ def cross_site_from_text(
       serde_format: ``none`` (tensors sent as they are, the default) or a format.
       profile: a calibrated profile applied to each site's constants.
       knobs: the sites' strategy knobs, as :func:`perfmodel.estimate` takes them (over
-        :data:`SITE_DEFAULTS`, and fused attention on unless ``stack`` says otherwise).
+        :data:`SITE_DEFAULTS`, and :data:`NO_STACK_DEFAULTS` unless a ``stack`` is given).
       stack: a software stack preset or file.
 
     Raises:

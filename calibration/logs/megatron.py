@@ -33,6 +33,7 @@ from calibration.logs.rows import (
     parse_scalar,
     summarise,
 )
+from perfmodel.specs.knobs import ALIAS_OF
 from simbase.errors import AisimError
 
 FORMAT = "megatron"
@@ -80,6 +81,10 @@ _DIRECT = {
     "padded_vocab_size": "vocab_size",
     "num_layers_per_virtual_pipeline_stage": "num_layers_per_virtual_pipeline_stage",
 }
+# Flags that turn a stack behaviour on when set (the registry knows them as the knob's aliases);
+# unset, they leave the behaviour to the stack or the model preset: Megatron-Core picks
+# Transformer Engine's fused attention without --use-flash-attn
+_TURNS_ON = ("use_flash_attn",)
 # The configuration that decides whether two starts measured the same thing.
 _IDENTITY = tuple(_DIRECT) + (
     "num_query_groups", "group_query_attention", "recompute_granularity", "bf16", "fp16", "fp8",
@@ -253,8 +258,9 @@ def _config(b: RowBuilder, args: Mapping[str, tuple[Any, int]]) -> None:
     if "virtual_pipeline_model_parallel_size" in args:
         b.put("interleave", arg("virtual_pipeline_model_parallel_size") or 1,
               line("virtual_pipeline_model_parallel_size"))  # fmt: skip
-    if arg("use_flash_attn"):
-        b.put("fused_attention", True, line("use_flash_attn"))
+    for flag in _TURNS_ON:
+        if arg(flag):
+            b.put(ALIAS_OF[flag], True, line(flag))
     if arg("num_experts") is None and "num_experts" in args:
         b.put("num_experts", 0, line("num_experts"))
 

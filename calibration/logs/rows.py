@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfmodel.specs.knobs import BY_NAME
+from perfmodel.specs.knobs import BY_NAME, STACK_KNOBS
 from simbase.errors import AisimError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -44,14 +44,16 @@ _TQDM = re.compile(r"[^\r\n|]*?\d{1,3}%\|[^|\r\n]*\|\s*\d+/\d+\s*\[[^\]\r\n]*\]"
 
 # Columns every importer writes, after the measurement columns.
 META = ("step_time_s", "step_time_std_s", "iterations_averaged", "format", "source", "provenance")
-# The measurement CSV's canonical columns (DESIGN.md), first in an imported table, and the extra
-# columns an importer may fill; both may be overridden by the caller.
+# The measurement CSV's canonical columns (DESIGN.md), first in an imported table: the model, the
+# hardware, the layout, batching and memory plan, then the software stack's behaviours in the
+# registry's order; and the extra columns an importer may fill. All may be overridden by the
+# caller.
 CANONICAL = (
     "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
     "seq_len", "vocab_size", "hardware", "num_gpus", "gpus_per_node", "dp", "tp", "pp",
     "global_batch_size", "micro_batch_size", "num_microbatches", "interleave", "recompute",
-    "sequence_parallel", "zero_stage", "dtype", "fused_attention",
-)  # fmt: skip
+    "sequence_parallel", "zero_stage", "dtype",
+) + tuple(k.name for k in STACK_KNOBS)  # fmt: skip
 EXTRA = ("cp", "ep", "num_experts", "experts_per_token")
 OVERRIDES = CANONICAL + EXTRA
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -44,6 +45,8 @@ from calibration.logs.rows import (
 )
 from calibration.measurements import preset_name
 from perfmodel.specs.choices import DTYPE_ALIASES as DTYPES
+from perfmodel.specs.knobs import KNOBS
+from perfmodel.specs.stack_preset import load_stack
 from simbase.errors import AisimError
 
 FORMAT = "torchtitan"
@@ -258,6 +261,13 @@ def _model_shape(b: RowBuilder, args: Mapping[str, Any], no: int) -> None:
         b.put("ffn_hidden_size", ffn, no)
 
 
+@functools.cache
+def _torchtitan_behaviours() -> dict[str, Any]:
+    """torchtitan's behaviours for the knobs a model preset sets where no stack is named."""
+    base = load_stack("torchtitan").base
+    return {k.name: getattr(base, k.name) for k in KNOBS if k.model_default}
+
+
 def _derive(b: RowBuilder) -> None:
     degrees = [b.get(k) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")]
     if b.get("num_gpus") is None and all(d is not None for d in degrees):
@@ -265,9 +275,11 @@ def _derive(b: RowBuilder) -> None:
     n = b.require("num_gpus", "the number of GPUs (world size)")
     for col in ("tp", "pp", "cp"):
         b.setdefault(col, 1, "default")
-    # torchtitan's attention is PyTorch's scaled_dot_product_attention, a fused kernel (its flash
-    # backend) in every release
-    b.setdefault("fused_attention", True, "default")
+    # where no stack is named a model preset chooses some behaviours (the attention kernel its
+    # published runs used); a torchtitan run has torchtitan's own, as its stack file records them
+    # (fused attention: SDPA's flash backend or FlexAttention in every release)
+    for name, value in _torchtitan_behaviours().items():
+        b.setdefault(name, value, "default")
     if b.get("cp") == 1 and n % (b.get("tp") * b.get("pp")) == 0:
         b.setdefault("dp", n // (b.get("tp") * b.get("pp")), "derived")
     if b.get("dp_shard") is not None:

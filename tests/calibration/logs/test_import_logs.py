@@ -61,6 +61,20 @@ def test_overrides_win_with_provenance_option(fixture_path):
     assert prov["pp"].startswith("L") and row["model"] == "custom"
 
 
+def test_every_stack_behaviour_of_the_registry_is_an_import_override(fixture_path):
+    # the imported table's stack columns come from the registry, so a behaviour the log does not
+    # print (eager PyTorch, an unfused loss) can be stated at import, under any knob's name
+    from calibration.logs import OVERRIDES
+    from perfmodel.specs.knobs import STACK_KNOBS
+
+    assert {k.name for k in STACK_KNOBS} <= set(OVERRIDES)
+    ov = {"eager": True, "logit_bytes": 12.0}
+    (row,) = import_logs([fixture_path(LOGS["megatron"])], overrides=ov).to_dict("records")
+    assert row["eager"] is True and row["logit_bytes"] == 12.0
+    prov = dict(x.split("=", 1) for x in row["provenance"].split(";"))
+    assert prov["eager"] == "option" and prov["logit_bytes"] == "option"
+
+
 def test_unknown_override_is_an_error(fixture_path):
     with pytest.raises(AisimError) as e:
         import_logs([fixture_path(LOGS["megatron"])], overrides={"gpus": 8})
