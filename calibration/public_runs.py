@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from perfmodel.plan.estimate import attention_heads, least_that_fits, model_limits
+from perfmodel.plan.estimate import attention_heads, least_that_fits_many, model_limits
 from perfmodel.plan.stack_constants import stack_constants
 from perfmodel.search.evaluate import fast_jit, padded_to_power_of_two, stack_rows
 from perfmodel.specs.choices import Dtype
@@ -240,7 +240,7 @@ def _facts(row: pd.Series, stack_name: str) -> dict[str, Any]:
     (torchtitan prints its "FSDP degree" as dp, the parameters being sharded over dp·cp)."""
     facts = {k: _cell(row, k) for k in _FACTS}
     facts = {k: v for k, v in facts.items() if v is not None}
-    facts.pop("gpus_per_node", None)  # the hardware preset's (see _strategy)
+    facts.pop("gpus_per_node", None)  # the hardware preset's (see _candidates)
     dp, cp = _int(row, "dp", 1), _int(row, "cp", 1)
     shard = _int(row, "shard_size", 0)
     if shard and _cell(row, "zero_stage") is None:
@@ -253,9 +253,11 @@ def _facts(row: pd.Series, stack_name: str) -> dict[str, Any]:
     return facts
 
 
-def _strategy(row: pd.Series, m: Model, hw: Hardware, stack) -> tuple[Strategy, dict]:
-    """The run's strategy from its stack and its printed facts alone: the stack's recipe
-    defaults and behaviours fill the rest, ``auto`` choices take the least that fits."""
+def _candidates(row: pd.Series, m: Model, hw: Hardware, stack) -> list[tuple[dict, Strategy]]:
+    """The run's candidate strategies from its stack and its printed facts alone: the stack's
+    recipe defaults and behaviours fill the rest, one candidate per value an ``auto`` choice
+    tries (``(chosen values, strategy)`` in order of preference; the least that fits is taken
+    for all runs at once)."""
     heads, kv = attention_heads(m)
     facts = _facts(row, stack.name)
     # the scale-up domain is the hardware preset's: an NVL72 rack's sources print its 4 GPUs
@@ -268,8 +270,7 @@ def _strategy(row: pd.Series, m: Model, hw: Hardware, stack) -> tuple[Strategy, 
         )  # fmt: skip
     except AisimError as e:
         raise e.relabel(source=_label(row)) from None
-    chosen, s = cands[least_that_fits(m, hw, [c[1] for c in cands])]
-    return s, chosen
+    return cands
 
 
 # the research note's "Grand Teton" rows (torchtitan S6/S7): H100 with 96 GB HBM2e at 2.4 TB/s
@@ -335,7 +336,7 @@ def _read_published_runs(path: Path) -> tuple[list[PublishedRun], list[tuple[str
     cache: dict[str, Model] = {}
     hws: dict[str, Hardware] = {}
     stacks: dict[str, Any] = {}
-    runs, skipped = [], []
+    read, skipped = [], []
     for i, (_, row) in enumerate(df.iterrows()):
         label = _label(row)
         m, why = _model(row, cache)
@@ -350,41 +351,50 @@ def _read_published_runs(path: Path) -> tuple[list[PublishedRun], list[tuple[str
         if hw_name not in hws:
             hws[hw_name] = load_hardware(hw_name)
         hw = _hardware_of_row(hws[hw_name], str(_cell(row, "notes") or ""))
-        fw = str(_cell(row, "framework"))
         stack_name = str(_cell(row, "stack"))
         if stack_name not in stacks:
             stacks[stack_name] = load_stack(stack_name, hw)
         try:
-            strategy, chosen = _strategy(row, m, hw, stacks[stack_name])
+            cands = _candidates(row, m, hw, stacks[stack_name])
         except AisimError as e:  # the printed layout breaks a rule (a misprint in the source)
             skipped.append((label, str(e)))
             continue
-        dtype = Dtype(int(strategy.memory.dtype)).label
-        pair = label.replace(" fp8 ", " * ").replace(" bf16 ", " * ")
-        mem = _cell(row, "memory_peak_gib")
-        runs.append(
-            PublishedRun(
-                label=label,
-                file=path.name,
-                row=i + 2,
-                model=m,
-                hardware=hw,
-                strategy=strategy,
-                measured_step_s=float(secs),
-                measured_memory_gib=float("nan") if mem is None else float(mem),
-                framework=fw,
-                stack=stack_name,
-                source_id=str(_cell(row, "source_id")),
-                auto={k: str(getattr(v, "label", v)) for k, v in chosen.items()},
-                fp8=dtype == "fp8",
-                fp8_pair=pair,
-                group="moe" if float(m.spec.num_experts) else "dense",
-                seconds_from=source,
-                notes=str(_cell(row, "notes") or ""),
-                table=_table_of(row),
-            )
-        )
+        read.append((i, row, label, m, hw, secs, source, cands))
+    picks = least_that_fits_many(
+        [(m, hw, [c[1] for c in cands]) for *_, m, hw, _, _, cands in read]
+    )
+    runs = [
+        _run(path, i, row, label, m, hw, secs, source, *cands[k])
+        for (i, row, label, m, hw, secs, source, cands), k in zip(read, picks, strict=True)
+    ]
     return runs, skipped
+
+
+def _run(path, i, row, label, m, hw, secs, source, chosen, strategy) -> PublishedRun:
+    """One run, its strategy ``strategy`` chosen with the ``auto`` values ``chosen``."""
+    dtype = Dtype(int(strategy.memory.dtype)).label
+    pair = label.replace(" fp8 ", " * ").replace(" bf16 ", " * ")
+    mem = _cell(row, "memory_peak_gib")
+    return PublishedRun(
+        label=label,
+        file=path.name,
+        row=i + 2,
+        model=m,
+        hardware=hw,
+        strategy=strategy,
+        measured_step_s=float(secs),
+        measured_memory_gib=float("nan") if mem is None else float(mem),
+        framework=str(_cell(row, "framework")),
+        stack=str(_cell(row, "stack")),
+        source_id=str(_cell(row, "source_id")),
+        auto={k: str(getattr(v, "label", v)) for k, v in chosen.items()},
+        fp8=dtype == "fp8",
+        fp8_pair=pair,
+        group="moe" if float(m.spec.num_experts) else "dense",
+        seconds_from=source,
+        notes=str(_cell(row, "notes") or ""),
+        table=_table_of(row),
+    )
 
 
 _TABLE_NAME = re.compile(r"^\s*((?:table|section)\s+(?:'[^']*'|\d+))", re.IGNORECASE)

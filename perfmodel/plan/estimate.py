@@ -13,6 +13,8 @@ in as ``constants``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -346,26 +348,44 @@ def estimate(
     return Estimate(m, hw, s, out, cost_model, auto=auto)
 
 
-# memory only, over a few candidates
-_fits = fast_jit(jax.vmap(fits_device, in_axes=(None, None, 0)))
+# memory only, every argument per row: candidates of several jobs (models, hardware) share a
+# program where their structure and stack agree
+_fits = fast_jit(jax.vmap(fits_device))
 
 
 def least_that_fits(m: Model, hw: Hardware, strategies: list[Strategy]) -> int:
     """The index of the first strategy that is valid and fits the device (candidates are in
     order of preference: the least recomputation, the lowest ZeRO stage first), else of the
-    last (the one that needs the least memory). Strategies of one stack are checked in one
-    small program (memory only, no step time)."""
-    if len(strategies) == 1:
-        return 0
-    fits = np.zeros(len(strategies), bool)
+    last (the one that needs the least memory)."""
+    return least_that_fits_many([(m, hw, strategies)])[0]
+
+
+def least_that_fits_many(jobs: list[tuple[Model, Hardware, list[Strategy]]]) -> list[int]:
+    """:func:`least_that_fits` of each ``(model, hardware, candidates)`` job. The candidates of
+    every job that share a model structure and a stack (what shapes the program) are checked
+    together in one small program (memory only, no step time) with the union of their scopes,
+    padded to a power of two: a few hundred jobs compile a program per structure and stack, not
+    one per job, scope and size."""
+    rows = [
+        (j, i, m.spec, hw.spec, s)
+        for j, (m, hw, strategies) in enumerate(jobs)
+        if len(strategies) > 1
+        for i, s in enumerate(strategies)
+    ]
     groups: dict = {}
-    for i, s in enumerate(strategies):
-        groups.setdefault((s.stack, s.scope), []).append(i)
-    for idx in groups.values():
-        padded = padded_to_power_of_two(idx)  # one compiled program per size class
-        batch = stack_rows([strategies[i] for i in padded])
-        fits[idx] = np.asarray(_fits(m.spec, hw.spec, batch))[: len(idx)]
-    return int(np.argmax(fits)) if fits.any() else len(strategies) - 1
+    for r in rows:
+        spec, s = r[2], r[4]
+        groups.setdefault((jax.tree.structure(spec), s.stack), []).append(r)
+    fits = [np.zeros(len(strategies), bool) for _, _, strategies in jobs]
+    for members in groups.values():
+        padded = padded_to_power_of_two(members)  # one compiled program per size class
+        scope = functools.reduce(operator.or_, (r[4].scope for r in members))
+        batch = [dataclasses.replace(r[4], scope=scope) for r in padded]
+        ok = _fits(stack_rows([r[2] for r in padded]), stack_rows([r[3] for r in padded]),
+                   stack_rows(batch))  # fmt: skip
+        for (j, i, *_), f in zip(members, np.asarray(ok), strict=False):
+            fits[j][i] = f
+    return [int(np.argmax(f)) if f.any() else len(f) - 1 for f in fits]
 
 
 def _candidates(m: Model, hw: Hardware, gpus_per_node, cost_model: str, knobs: dict, stack=None):

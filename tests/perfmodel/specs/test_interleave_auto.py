@@ -88,3 +88,30 @@ def test_auto_recomputation_recomputes_the_fewest_layers_that_fit():
     )
     ds = estimate("llama3-405b", **(kw | {"stack": "deepspeed"}))
     assert "recompute_layers" not in ds.auto
+
+
+def test_jobs_checked_together_choose_what_each_chooses_alone():
+    """The published runs' auto choices are made for all runs at once
+    (:func:`least_that_fits_many`): candidates of different models, hardware and stacks share a
+    program where their structure agrees; each job's choice is the one it makes alone."""
+    from perfmodel.plan.estimate import _candidates, least_that_fits, least_that_fits_many
+    from perfmodel.specs.hardware import load_hardware
+    from perfmodel.specs.model import load_model
+    from perfmodel.specs.stack_preset import load_stack
+
+    jobs = []
+    for name, hw_name, stack, knobs in [
+        ("llama3-405b", "h100-sxm", "megatron-core", dict(num_gpus=16384, tp=8, pp=16, gb=2048)),
+        ("llama3-70b", "h100-sxm", "megatron-core", dict(num_gpus=64, tp=4, pp=4, gb=64)),
+        ("llama3-70b", "a100-80gb", "megatron-core", dict(num_gpus=64, tp=8, pp=1, gb=64)),
+        ("llama3-8b", "h100-sxm", "torchtitan", dict(num_gpus=8, tp=1, pp=1, gb=32)),
+        ("gpt3-175b", "a100-80gb", "deepspeed", dict(num_gpus=1024, tp=8, pp=8, gb=1536)),
+    ]:
+        m, hw = load_model(name), load_hardware(hw_name)
+        knobs = knobs | dict(global_batch=knobs.pop("gb"), recompute="auto")
+        cands = _candidates(m, hw, None, "aisim", knobs, load_stack(stack))
+        jobs.append((m, hw, [c[1] for c in cands]))
+    alone = [least_that_fits(*job) for job in jobs]
+    assert least_that_fits_many(jobs) == alone
+    assert least_that_fits_many(jobs[::-1]) == alone[::-1]
+    assert len({len(job[2]) for job in jobs}) > 1 and any(k > 0 for k in alone)  # a real choice
