@@ -23,9 +23,9 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from calibration.objective import objective, predicted_step_time_s
-from calibration.parameterization import Parameterization
+from calibration.parameterization import GROUPS, Parameterization
 from calibration.rows import RowBatch
-from perfmodel.plan.uncertainty import ConstantsCovariance
+from perfmodel.plan.uncertainty import ConstantsCovariance, entry_values
 from perfmodel.search.evaluate import fast_jit
 from perfmodel.specs.constants import Constants
 
@@ -231,6 +231,41 @@ def _uncertainty(param, batch, measured_s, raw, residuals) -> dict[str, float | 
     return {k: float(std[order.index(k)]) for k in param.free}
 
 
+def covaried_entries(param: Parameterization) -> tuple[str, ...]:
+    """The :class:`~perfmodel.specs.constants.Constants` entries a parameterization moves (its free
+    entries, with each shorthand expanded into its members), each once, in order."""
+    out: list[str] = []
+    for e in param.free:
+        for member in GROUPS.get(e, (e,)):
+            if member not in out:
+                out.append(member)
+    return tuple(out)
+
+
+def constants_covariance(
+    param: Parameterization,
+    raw: dict[str, jax.Array],
+    cov_raw: np.ndarray,
+    residual_variance: float,
+    dof: int,
+) -> ConstantsCovariance:
+    """The covariance of the constants' entries from the covariance of the flat raw values.
+
+    Args:
+      param: the fit's parameterization.
+      raw: the fitted raw values.
+      cov_raw: ``(p, p)`` covariance of ``ravel_pytree(raw)`` (sorted-key order).
+      residual_variance: ``σ²`` of the log residuals.
+      dof: rows − free constants.
+    """
+    entries = covaried_entries(param)
+    flat, unravel = ravel_pytree(raw)
+    jac = jax.jacobian(lambda x: entry_values(param.constants(unravel(x)), entries))(flat)
+    jac = np.asarray(jac, np.float64)
+    cov = jac @ np.asarray(cov_raw, np.float64) @ jac.T
+    return ConstantsCovariance(entries, 0.5 * (cov + cov.T), float(residual_variance), int(dof))
+
+
 def fit_covariance(
     param: Parameterization,
     batch: RowBatch,
@@ -242,8 +277,6 @@ def fit_covariance(
     :class:`~perfmodel.specs.constants.Constants` entries they move, with the residual variance of
     the log step times (see :mod:`calibration.intervals`); None with no more rows than free
     constants."""
-    from calibration.intervals import constants_covariance
-
     measured_s = np.asarray(measured_s, np.float64)
     n_all = len(measured_s)
     w = np.ones(n_all, np.float32) if weights is None else np.asarray(weights, np.float32)

@@ -1,7 +1,7 @@
 """The covariance a fit leaves in its profile, and an honest check of the intervals it gives.
 
-Contract: :func:`constants_covariance` maps the fit's raw-space covariance
-``Cov(θ) ≈ σ²/N · H⁻¹`` (:mod:`calibration.fit`) to the constants the model reads, by the delta
+Contract: the fit (:func:`calibration.fit.constants_covariance`) maps its raw-space covariance
+``Cov(θ) ≈ σ²/N · H⁻¹`` to the constants the model reads, by the delta
 method ``Cov(x) = J Cov(θ) Jᵀ`` with ``J = ∂x/∂θ``; a shorthand such as ``efficiency`` (one logit
 shift of several fields) is expanded into the fields it moves, so that the covariance is over
 plain :class:`~perfmodel.specs.constants.Constants` entries and :mod:`perfmodel.plan.uncertainty` can use it
@@ -16,53 +16,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
+from calibration.fit import fit_covariance, solve
 from calibration.objective import predicted_step_time_s
-from calibration.parameterization import GROUPS, Parameterization
+from calibration.parameterization import Parameterization
 from calibration.rows import RowBatch
 from perfmodel.plan.uncertainty import (
     DEFAULT_LEVEL,
-    ConstantsCovariance,
     entry_values,
     log_interval,
     with_entries,
 )
-
-
-def covaried_entries(param: Parameterization) -> tuple[str, ...]:
-    """The :class:`~perfmodel.specs.constants.Constants` entries a parameterization moves (its free
-    entries, with each shorthand expanded into its members), each once, in order."""
-    out: list[str] = []
-    for e in param.free:
-        for member in GROUPS.get(e, (e,)):
-            if member not in out:
-                out.append(member)
-    return tuple(out)
-
-
-def constants_covariance(
-    param: Parameterization,
-    raw: dict[str, jax.Array],
-    cov_raw: np.ndarray,
-    residual_variance: float,
-    dof: int,
-) -> ConstantsCovariance:
-    """The covariance of the constants' entries from the covariance of the flat raw values.
-
-    Args:
-      param: the fit's parameterization.
-      raw: the fitted raw values.
-      cov_raw: ``(p, p)`` covariance of ``ravel_pytree(raw)`` (sorted-key order).
-      residual_variance: ``σ²`` of the log residuals.
-      dof: rows − free constants.
-    """
-    entries = covaried_entries(param)
-    flat, unravel = ravel_pytree(raw)
-    jac = jax.jacobian(lambda x: entry_values(param.constants(unravel(x)), entries))(flat)
-    jac = np.asarray(jac, np.float64)
-    cov = jac @ np.asarray(cov_raw, np.float64) @ jac.T
-    return ConstantsCovariance(entries, 0.5 * (cov + cov.T), float(residual_variance), int(dof))
 
 
 def log_time_jacobian(batch: RowBatch, c, entries: tuple[str, ...]) -> np.ndarray:
@@ -109,8 +73,6 @@ def loo_coverage(
       measured_s: measured seconds per step, shape ``(n,)``.
       level: the intervals' probability.
     """
-    from calibration.fit import fit_covariance, solve
-
     measured_s = np.asarray(measured_s, np.float64)
     n = len(measured_s)
     inside, lo, hi, pred, meas = [], [], [], [], []

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import calibration as cal
 from aisim.app import app
-from calibration.intervals import covaried_entries, shipped_coverage
+from calibration.fit import covaried_entries
+from calibration.intervals import shipped_coverage
 from perfmodel import estimate, load_hardware, step_time
 from perfmodel.plan.uncertainty import (
     ConstantsCovariance,
