@@ -40,7 +40,7 @@ DEFAULT_UTILISATION = float(DEFAULTS["utilisation_factor"])
 DEFAULT_PUE = float(DEFAULTS["pue"])
 
 
-# a quintillion tokens: a thousand times the largest training sets of today
+# a quintillion tokens: a thousand times the largest training sets published by 2025
 MAX_TOKENS = 1e18
 
 

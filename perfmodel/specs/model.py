@@ -207,7 +207,7 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
     )
 
 
-# the largest model a plan can be about: 10^15 parameters (today's largest are about 10^12)
+# the largest model a plan can be about: 10^15 parameters (the largest published by 2025 are about 10^12)
 MAX_PARAMS = 1e15
 
 
