@@ -29,7 +29,7 @@ from aisim.console import (
     print_table,
     rich_table,
 )
-from aisim.options import knob_options
+from aisim.options import SetOpt, StackOpt, knob_options, with_settings
 from perfmodel.specs.knobs import BY_NAME
 from simbase.io import check_table_suffix, write_table
 
@@ -151,6 +151,8 @@ def import_command(
         str | None, typer.Option(help="Model preset name (wins over the log).")
     ] = None,
     hardware: Annotated[str | None, typer.Option(help="Hardware preset name.")] = None,
+    stack: StackOpt = None,
+    settings: SetOpt = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length in tokens.")] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the rows to .csv, .parquet or .json.")
@@ -167,8 +169,8 @@ def import_command(
 
     with guard():
         check_table_suffix(out)
-        overrides = dict(model=model, hardware=hardware, seq_len=seq_len)
-        for name, value in knobs.items():  # the registry reads them as the log rows hold them
+        overrides = dict(model=model, hardware=hardware, stack=stack, seq_len=seq_len)
+        for name, value in with_settings(knobs, settings).items():  # as the log rows hold them
             knob = BY_NAME[name]
             overrides[name] = knob.label(knob.code(knob.parse(value)))
         df = import_logs(logs, format=format, overrides=overrides, skip_iterations=skip_iterations)

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfmodel.specs.knobs import BY_NAME, STACK_KNOBS
+from perfmodel.specs.knobs import BY_NAME, KNOBS, STACK_KNOBS
+from perfmodel.specs.stack_preset import load_stack
 from simbase.errors import AisimError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -45,17 +46,17 @@ _TQDM = re.compile(r"[^\r\n|]*?\d{1,3}%\|[^|\r\n]*\|\s*\d+/\d+\s*\[[^\]\r\n]*\]"
 # Columns every importer writes, after the measurement columns.
 META = ("step_time_s", "step_time_std_s", "iterations_averaged", "format", "source", "provenance")
 # The measurement CSV's canonical columns (DESIGN.md), first in an imported table: the model, the
-# hardware, the layout, batching and memory plan, then the software stack's behaviours in the
-# registry's order; and the extra columns an importer may fill. All may be overridden by the
-# caller.
+# hardware and software stack the runs ran on, the layout, batching and memory plan, then the
+# stack's behaviours in the registry's order; and the extra columns an importer may fill. All
+# of them, and every other knob of the registry, may be overridden by the caller.
 CANONICAL = (
     "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-    "seq_len", "vocab_size", "hardware", "num_gpus", "gpus_per_node", "dp", "tp", "pp",
+    "seq_len", "vocab_size", "hardware", "stack", "num_gpus", "gpus_per_node", "dp", "tp", "pp",
     "global_batch_size", "micro_batch_size", "num_microbatches", "interleave", "recompute",
     "sequence_parallel", "zero_stage", "dtype",
 ) + tuple(k.name for k in STACK_KNOBS)  # fmt: skip
 EXTRA = ("cp", "ep", "num_experts", "experts_per_token")
-OVERRIDES = CANONICAL + EXTRA
+OVERRIDES = CANONICAL + EXTRA + tuple(k.name for k in KNOBS if k.name not in CANONICAL + EXTRA)
 
 
 def strip_ansi(text: str) -> str:
@@ -290,6 +291,8 @@ def check_overrides(overrides: Mapping[str, Any] | None, known: Iterable[str]) -
             )
         if key in BY_NAME:
             BY_NAME[key].parse(value)
+        elif key == "stack":
+            load_stack(value)  # a preset name or a stack file; else an error with the closest
         elif key == "seq_len" and (isinstance(value, bool) or not int(value) >= 1):
             raise AisimError(field=key, value=value, expected="a positive integer")
     return out

@@ -87,6 +87,24 @@ def test_override_wins_with_provenance_option():
     assert row["iterations_averaged"] != logged["iterations_averaged"]  # another warm-up
 
 
+def test_the_stack_and_any_knob_are_stated_at_import(tmp_path):
+    # what the log does not print (the framework's stack, eager PyTorch) is stated once for every
+    # row, with "option" as its provenance; the measurement loader reads it back
+    out = tmp_path / "rows.csv"
+    r = _import(TORCHTITAN, "--stack", "torchtitan", "--set", "eager=on", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    (row,) = _rows(TORCHTITAN, "--stack", "torchtitan", "--set", "eager=on")
+    assert row["stack"] == "torchtitan" and row["eager"] is True
+    assert _provenance(row)["stack"] == _provenance(row)["eager"] == "option"
+    df = load_measurements(out, purpose="fit")
+    assert df["stack"].tolist() == ["torchtitan"] and df["eager"].tolist() == [True]
+    r = _import(TORCHTITAN, "--stack", "titan")
+    assert r.exit_code == 2 and "'--stack' = 'titan'" in _error_line(r)
+    assert "torchtitan" in _error_line(r)
+    r = _import(TORCHTITAN, "--set", "nope=1")
+    assert r.exit_code == 2 and "'--set' = 'nope=1'" in _error_line(r)
+
+
 @pytest.mark.parametrize(
     ("log", "field", "flag"),
     [(COLOSSAL, "num_gpus", "--num-gpus"), (DEEPSPEED, "model", "--model")],
