@@ -26,7 +26,7 @@ from perfmodel.specs.knobs import BY_NAME, LEAF_KNOBS, STACK_KNOBS, canonical
 from perfmodel.specs.stack import Stack
 from perfmodel.specs.stack_preset import AUTO, StackPreset
 from perfmodel.specs.strategy import Strategy, leaf_codes, stack_strategies
-from perfmodel.step.layer_time import selective_redoes_attention
+from perfmodel.step.recompute import selective_redoes_nothing
 from simbase.errors import bad_value
 
 Rows = dict[str, np.ndarray]
@@ -452,11 +452,7 @@ def _rows_of_stack(rows: Rows, rejected, stack, base, values, r_codes) -> Rows:
                 reason = f"{knob.name} = {knob.text(value)} needs: {knob.requires[1]}"
                 rejected[reason] = rejected.get(reason, 0) + bad
             keep &= ok
-    if (
-        not selective_redoes_attention(stack)
-        and not int(stack.recompute_modules)
-        and Recompute.NONE in r_codes
-    ):  # selective recomputation that redoes nothing is no recomputation
+    if selective_redoes_nothing(stack) and Recompute.NONE in r_codes:
         keep &= rows["recompute"] != Recompute.SELECTIVE
     return {k: v[keep] for k, v in rows.items()}
 

@@ -41,7 +41,7 @@ from perfmodel.specs.model import ModelSpec, attention_shape
 from perfmodel.specs.strategy import Strategy
 from perfmodel.step.moe import routed_tokens
 from perfmodel.step.select import where
-from perfmodel.step.workload import OpClass
+from perfmodel.step.workload import OpClass, stores_scores
 
 _ZERO = 0.0
 
@@ -154,6 +154,13 @@ def _share(op: OpClass, factor, kernels) -> OpClass:
         tensor=op.tensor,
         role=op.role,
     )
+
+
+def selective_redoes_nothing(stack) -> bool:
+    """Whether selective recomputation redoes nothing under ``stack``: its fused attention kernel
+    keeps no scores to drop (Korthikanti et al. 2022 §5) and it recomputes no modules, so such a
+    strategy is the one without recomputation (a grid keeps only that one)."""
+    return not stores_scores(stack) and not int(stack.recompute_modules)
 
 
 def redone_ops(m: ModelSpec, s: Strategy, ops, act_bytes) -> Redone | None:
