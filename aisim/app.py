@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from aisim import __version__
-from aisim import calibrate as calibrate_cli
-from aisim import collab as collab_cli
-from aisim import fl as fl_cli
-from aisim import measure as measure_cli
-from aisim import perf as perf_cli
-from aisim import presets as presets_cli
 from aisim.console import err_console
 
-app = typer.Typer(
-    name="aisim",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="AISynergy simulation: predict distributed and federated training before running it.",
-)
+# name -> (module, its command or sub-app, help of a sub-app). A command imports only its own
+# area's module: `aisim perf grid` starts without the federated engine, the fits or the
+# cross-site model.
+AREAS = {
+    "presets": ("aisim.presets", "presets", None),
+    "perf": ("aisim.perf", "app", "Analytical step-time model: estimate and grid."),
+    "calibrate": ("aisim.calibrate", "app", "Fit the model's constants to measurements."),
+    "measure": ("aisim.measure", "measure", None),
+    "fl": ("aisim.fl", "app", "Federated training simulation."),
+    "collab": ("aisim.collab", "app", "Cross-site collaborative training efficiency."),
+}
 
 
 def _version(value: bool) -> None:
@@ -32,7 +33,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def root(
     version: Annotated[
         bool,
@@ -42,14 +42,32 @@ def root(
     """AISynergy simulation."""
 
 
-app.command("presets")(presets_cli.presets)
-app.add_typer(perf_cli.app, name="perf", help="Analytical step-time model: estimate and grid.")
-app.add_typer(
-    calibrate_cli.app, name="calibrate", help="Fit the model's constants to measurements."
-)
-app.command("measure")(measure_cli.measure)
-app.add_typer(fl_cli.app, name="fl", help="Federated training simulation.")
-app.add_typer(collab_cli.app, name="collab", help="Cross-site collaborative training efficiency.")
+@functools.cache
+def build_app(only: str | None = None) -> typer.Typer:
+    """The ``aisim`` app with every area, or with the one named ``only`` (:data:`AREAS`)."""
+    app = typer.Typer(
+        name="aisim",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        help="AISynergy simulation: predict distributed and federated training before running it.",
+    )
+    app.callback()(root)
+    for name, (module, attr, help_) in AREAS.items():
+        if only in (None, name):
+            area = getattr(importlib.import_module(module), attr)
+            if isinstance(area, typer.Typer):
+                app.add_typer(area, name=name, help=help_)
+            else:
+                app.command(name)(area)
+    return app
+
+
+def __getattr__(name: str):
+    """``aisim.app.app``: the app with every area."""
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 CACHE_ENV = "AISIM_XLA_CACHE"
@@ -101,8 +119,9 @@ def main() -> None:
     of the wrong type) is one line on stderr and exit code 2, like the commands' own errors."""
     _enable_compilation_cache()
     usage_error = typer.BadParameter.__mro__[1]  # click's UsageError, as typer ships it
+    area = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in AREAS else None
     try:
-        code = app(standalone_mode=False)
+        code = build_app(area)(standalone_mode=False)
     except usage_error as e:
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         err_console.print(f"[red]error:[/red] {e.format_message()}{hint}", highlight=False)

@@ -19,7 +19,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.flatten_util import ravel_pytree
 
 from calibration.objective import objective, predicted_step_time_s
@@ -95,6 +94,8 @@ def adam_then_lbfgs(
     Returns:
       ``(raw, f(raw))`` at the end.
     """
+    import optax  # here, not at the top: commands that only predict do not load it
+
     adam = optax.adam(lr)
 
     def adam_step(carry, _):

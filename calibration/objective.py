@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from calibration.parameterization import Parameterization
 from calibration.rows import RowBatch, RowGroup
@@ -61,6 +60,8 @@ def objective(
       log_measured_s: ``log`` of the measured seconds per step, shape ``(n,)``.
       weights: per-row weight, shape ``(n,)`` (0 leaves a row out).
     """
+    import optax  # here, not at the top: commands that only predict do not load it
+
     pred = _group_times(groups, order, param.constants(raw))
     r = jnp.log(pred) - log_measured_s
     per_row = optax.losses.huber_loss(r, jnp.zeros_like(r), delta=delta)

@@ -31,7 +31,6 @@ import functools
 import json
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,6 +82,8 @@ def ffn_hidden_size(dim: int, multiple_of: int, multiplier: float | None) -> int
 
 def read_toml(path: str, text: str) -> dict[str, Any]:
     """A torchtitan job config; a TOML error names the file."""
+    import tomllib  # here, not at the top: only reading a job config needs the TOML parser
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -4,6 +4,8 @@ of each hardware, and tables that fit the terminal."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
@@ -21,6 +23,20 @@ def run(*args):
 def test_version():
     r = run("--version")
     assert r.exit_code == 0 and __version__ in r.output
+
+
+def test_a_command_imports_only_its_own_area():
+    # `aisim presets` through the console script's entry point, in a fresh process: its area's
+    # module only, none of the federated engine, the cross-site model or the other areas' CLIs
+    code = (
+        "import sys; sys.argv = ['aisim', 'presets', '--json']\n"
+        "from aisim.app import AREAS, main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "others = [m for m, _, _ in AREAS.values() if m != 'aisim.presets']\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fl', 'collab') or m in others))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout[-500:] + r.stderr
 
 
 def test_presets_lists_everything():
