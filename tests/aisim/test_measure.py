@@ -69,6 +69,7 @@ def test_bad_options_one_line_exit_2(args, needle):
     assert "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_measure_sweeps_widths_and_rejects_a_bad_statistic(tmp_path):
     out = tmp_path / "m.csv"
     res = CliRunner().invoke(app, ["measure", "--model", "mlp-small", "--layers", "1,2", "--hidden",

@@ -134,6 +134,7 @@ def test_compare_side_by_side(tmp_path):
     assert r.exit_code == 2 and "--rank-by" in r.output
 
 
+@pytest.mark.slow
 def test_grid_out_has_plan_columns(tmp_path):
     out = tmp_path / "all.csv"
     r = run("perf", "grid", *SMALL, "--tokens", "300B", "--no-failures", "--out", str(out))

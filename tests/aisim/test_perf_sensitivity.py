@@ -118,6 +118,7 @@ def test_grid_sensitivity_studies_the_best_under_its_stack():
     assert best["elasticities"] == pytest.approx(ref["elasticities"], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_without_a_layout_the_default_layout_that_cannot_fit_the_gpus_is_searched():
     # tp 8 x pp 8 (the default run) cannot be laid out on 8 GPUs: the grid's best is analysed
     args = ("--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--no-capacity")

@@ -49,6 +49,7 @@ def test_the_fit_recovers_the_constants_that_made_the_times(megatron_readme, mon
     assert pair.values(z)["matmul_efficiency_max"] == pytest.approx(0.55, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_a_row_of_weight_zero_does_not_move_the_fit(megatron_readme):
     pairs = _pairs(megatron_readme)
     (pair,) = pairs.values()

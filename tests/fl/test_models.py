@@ -81,7 +81,14 @@ INIT_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(INIT_SHAPES))
+# the convolutional and recurrent models compile for seconds each, twice: the full suite only
+HEAVY = {"cnn", "lstm", "simple-cnn", "text-lstm"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow if n in HEAVY else ()) for n in sorted(INIT_SHAPES)],
+)
 def test_init_compiled_for_one_run_gives_the_default_compiles_bits(name):
     # Model.init compiles with LLVM -O1 (it runs once); XLA's default -O2 must give the same bits.
     shape, outputs = INIT_SHAPES[name]

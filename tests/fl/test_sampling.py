@@ -51,6 +51,7 @@ def test_sparse_regime_is_uniform(n, m):
     assert chi2_first < n - 1 + 5 * np.sqrt(2 * (n - 1)), first
 
 
+@pytest.mark.slow
 def test_sparse_regime_falls_back_when_draws_repeat(monkeypatch):
     # With no margin for repeats, some keys' draws repeat: those take Gumbel-top-k's sample.
     monkeypatch.setattr(sampling, "_num_draws", lambda n, m: m)
