@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from aisim import __version__
 from aisim.console import err_console
+from simbase.xla_cache import enable_compilation_cache
 
 # name -> (module, its command or sub-app, help of a sub-app). A command imports only its own
 # area's module: `aisim perf grid` starts without the federated engine, the fits or the
@@ -70,54 +69,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-CACHE_ENV = "AISIM_XLA_CACHE"
-
-
-def compilation_cache_dir(environ: dict[str, str] | None = None) -> Path | None:
-    """Where compiled XLA programs persist between commands, or None for no cache.
-
-    ``$AISIM_XLA_CACHE`` names the folder (``off`` disables it); by default it is
-    ``$XDG_CACHE_HOME/aisim/xla`` (``~/.cache/aisim/xla``). A ``JAX_COMPILATION_CACHE_DIR`` that
-    is already set wins, because JAX reads it itself. A folder that cannot be created or written
-    gives no cache rather than an error.
-    """
-    env = os.environ if environ is None else environ
-    if env.get("JAX_COMPILATION_CACHE_DIR"):
-        return None
-    choice = env.get(CACHE_ENV, "").strip()
-    if choice.lower() in ("off", "0", "no", "false", "none"):
-        return None
-    if choice:
-        folder = Path(choice).expanduser()
-    else:
-        folder = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aisim" / "xla"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return folder if os.access(folder, os.W_OK | os.X_OK) else None
-
-
-def _enable_compilation_cache() -> None:
-    """Every command compiles its JAX programs (a grid evaluation, a fit, an FL round) before it
-    runs them, which is most of a short command's time. JAX's persistent compilation cache keeps
-    each executable on disk, keyed by its HLO, the flags and the jax version, so a later command
-    loads it instead; results are the same. Entries are small (a GPT grid search writes about
-    0.5 MB); the folder can be deleted at any time. JAX's size cap needs the ``filelock`` package,
-    which aisim does not depend on, so none is set."""
-    folder = compilation_cache_dir()
-    if folder is None:
-        return
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def main() -> None:
     """Console-script entry point: a usage error (an unknown option, a missing argument, a value
     of the wrong type) is one line on stderr and exit code 2, like the commands' own errors."""
-    _enable_compilation_cache()
+    enable_compilation_cache()
     usage_error = typer.BadParameter.__mro__[1]  # click's UsageError, as typer ships it
     area = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in AREAS else None
     try:

@@ -31,7 +31,7 @@ if not _CACHE:  # the session's first process (xdist's controller): one folder f
     atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
     os.environ["AISIM_TEST_XLA_CACHE"] = _CACHE
 os.environ["AISIM_XLA_CACHE"] = _CACHE
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # wins over AISIM_XLA_CACHE (aisim.app)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # wins over AISIM_XLA_CACHE (simbase.xla_cache)
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)

@@ -1,4 +1,4 @@
-"""The command line keeps compiled XLA programs between commands (``aisim.app``).
+"""The command line keeps compiled XLA programs between commands (``simbase.xla_cache``, enabled by ``aisim.app.main``).
 
 Where the cache goes is decided from the environment alone, so those rules are checked on plain
 dicts. Then two real commands in fresh processes: the first fills the folder, the second loads
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aisim.app import CACHE_ENV, compilation_cache_dir
+from simbase.xla_cache import CACHE_ENV, compilation_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
