@@ -15,10 +15,9 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import typer
 from rich import box
 from rich.console import Console, ConsoleDimensions
@@ -28,6 +27,9 @@ from rich.text import Text
 
 from simbase.errors import AisimError
 from simbase.io import to_json
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # When the output is not a terminal (a pipe, a file, a test) rich would fall back to 80
 # columns and fold names; tables are wide, so give them room unless $COLUMNS says otherwise.

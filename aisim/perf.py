@@ -59,6 +59,7 @@ from perfmodel.specs.stack_preset import with_caller_defaults
 from simbase.errors import bad_value
 from simbase.io import check_new_file, check_table_suffix, write_table
 from simbase.parse import split_list
+from simbase.prefetch import import_while_compiling
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -190,6 +191,7 @@ def grid_command(
 ) -> None:
     """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
     1024 x A100-80GB, global batch 1536)."""
+    import_while_compiling("pandas")  # for the results, while the grid compiles (simbase.prefetch)
     with guard(FLAGS):
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         check_table_suffix(out)

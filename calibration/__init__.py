@@ -28,66 +28,69 @@ Public API:
   as they load flax.
 """
 
-from calibration.colossal import import_logs, parse_log
+# `fit` and `objective` are both a function and a submodule of this package: imported here, so
+# that the name is the function whichever is imported first
 from calibration.fit import FitResult, fit
-from calibration.logs import import_logs as import_training_logs
-from calibration.measurements import (
-    InvalidRows,
-    data_path,
-    load_measurements,
-    normalise_measurements,
-    read_csv_cells,
-)
 from calibration.objective import objective, predicted_step_time_s
-from calibration.parameterization import DEFAULT_FREE, Parameterization, parse_free
-from calibration.pipeline import (
-    MeasurementFit,
-    fit_measurements,
-    predict_measurements,
-)
-from calibration.predict import predict_rows, predict_table
-from calibration.profile import (
-    PROFILE_SCHEMA,
-    load_profile_constants,
-    load_profile_covariance,
-    read_profile,
-    run_constants,
-)
-from calibration.report import parity_plot
-from calibration.rows import (
-    RowBatch,
-    RowConfig,
-    build_batch,
-    measured_step_times,
-    resolve_rows,
-    row_strategy,
-)
 
-# the measuring loop imports flax: loaded on first use (PEP 562), so `import calibration` stays light
-# (and the coverage check too, so that `python -m calibration.intervals` runs it cleanly)
-_LAZY = {name: "calibration.intervals" for name in ("Coverage", "loo_coverage", "shipped_coverage")}
-_LAZY["measured_shape"] = "calibration.shapes"
-_LAZY |= {
-    name: "calibration.measure"
-    for name in (
-        "COMPUTE_DTYPES",
-        "STATISTICS",
-        "Config",
-        "Shape",
-        "check_config",
-        "hardware_for_devices",
-        "measure_many",
-        "measure_one",
-        "shape_columns",
-    )
+# everything else is loaded on first use (PEP 562): `import calibration.profile` (as `aisim perf`
+# does) then loads neither pandas nor the log readers, the fits' tables or the measuring loop
+# (flax); nor does `python -m calibration.intervals` load its own module twice
+_LAZY = {
+    name: "calibration." + module
+    for module, names in {
+        "colossal": ("import_logs", "parse_log"),
+        "measurements": (
+            "InvalidRows",
+            "data_path",
+            "load_measurements",
+            "normalise_measurements",
+            "read_csv_cells",
+        ),
+        "parameterization": ("DEFAULT_FREE", "Parameterization", "parse_free"),
+        "pipeline": ("MeasurementFit", "fit_measurements", "predict_measurements"),
+        "predict": ("predict_rows", "predict_table"),
+        "profile": (
+            "PROFILE_SCHEMA",
+            "load_profile_constants",
+            "load_profile_covariance",
+            "read_profile",
+            "run_constants",
+        ),
+        "report": ("parity_plot",),
+        "rows": (
+            "RowBatch",
+            "RowConfig",
+            "build_batch",
+            "measured_step_times",
+            "resolve_rows",
+            "row_strategy",
+        ),
+        "intervals": ("Coverage", "loo_coverage", "shipped_coverage"),
+        "shapes": ("measured_shape",),
+        "measure": (
+            "COMPUTE_DTYPES",
+            "STATISTICS",
+            "Config",
+            "Shape",
+            "check_config",
+            "hardware_for_devices",
+            "measure_many",
+            "measure_one",
+            "shape_columns",
+        ),
+    }.items()
+    for name in names
 }
+_RENAMED = {"import_training_logs": ("calibration.logs", "import_logs")}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _LAZY or name in _RENAMED:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, attr = _RENAMED.get(name, (_LAZY.get(name), name))
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'calibration' has no attribute {name!r}")
 
 

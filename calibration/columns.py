@@ -12,13 +12,15 @@ case, spaces or dashes), the canonical spelling winning over an alias. The cell 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.specs.knobs import KNOBS
 from simbase.parse import bool_word
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the measurement table's own columns (model dimensions, hardware, measured values) -> accepted
 # aliases (DESIGN.md, "Measurement / configuration CSV"); every strategy knob of the registry
@@ -89,6 +91,8 @@ def preset_name(text: str) -> str:
 
 def is_blank(v: Any) -> bool:
     """Whether a cell is empty: ``None``, ``pd.NA``, NaN or only spaces."""
+    import pandas as pd
+
     if v is None or v is pd.NA:
         return True
     if isinstance(v, float) and math.isnan(v):
@@ -125,6 +129,8 @@ def as_fp8(v: Any) -> bool:
 
 def rename_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Maps alias headers to canonical names; coalesces a canonical column with its aliases."""
+    import pandas as pd
+
     groups: dict[str, list[str]] = {}
     for col in df.columns:
         canon = ALIAS_OF.get(column_key(col))
@@ -149,6 +155,8 @@ def rename_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 def _infer(col: pd.Series) -> pd.Series:
     """A pass-through column of text becomes numeric when every non-blank cell is a number."""
+    import pandas as pd
+
     if col.dtype != object and not pd.api.types.is_string_dtype(col):
         return col
     filled = col[~col.map(is_blank)]

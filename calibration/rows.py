@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-import pandas as pd
 
 from calibration.columns import KNOB_COLUMNS
 from perfmodel.search.evaluate import stack_rows
@@ -29,6 +28,9 @@ from perfmodel.specs.stack_preset import load_stack
 from perfmodel.specs.strategy import Strategy
 from perfmodel.specs.validate import strategy_from_knobs
 from simbase.errors import AisimError, bad_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DIM_COLUMNS = (
     "num_layers",
@@ -95,6 +97,8 @@ class RowBatch:
 
 def cell(row: pd.Series, col: str) -> Any:
     """A cell as a Python value, or ``None`` when the column is absent or the cell blank."""
+    import pandas as pd
+
     if col not in row.index:
         return None
     v = row[col]

@@ -13,12 +13,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simbase.errors import AisimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 

@@ -8,9 +8,7 @@ and returns the ``aisim perf compare --json`` document. Nothing here prints.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from perfmodel.plan.training import plan_sweep
 from perfmodel.search.sweep import strategy_label
@@ -18,6 +16,9 @@ from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from simbase.errors import bad_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # what each hardware's row carries (and a table of them holds)
 COMPARE_KEYS = (
@@ -104,4 +105,6 @@ def compare_hardware(
 def compare_table(doc: dict[str, Any]) -> pd.DataFrame:
     """A :func:`compare_hardware` document as a table (``aisim perf compare --out``): one row
     per hardware, the :data:`COMPARE_KEYS` and ``strategy`` columns."""
+    import pandas as pd
+
     return pd.DataFrame([{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]])

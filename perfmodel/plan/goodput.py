@@ -13,13 +13,16 @@ strategy's wall time per token ranks it for any token count. Nothing here prints
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.plan.failure_model import FailureModel
 from perfmodel.plan.reliability import FailurePlan, checkpoint_bytes, failure_plan
 from perfmodel.specs.hardware import Hardware
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Failures = FailureModel | Callable[[Hardware], FailureModel]
 # the failure plan's fields a results frame carries, one column each
@@ -69,6 +72,8 @@ def frame_failure_plans(
     """The failure plans of every row of a results frame, one array per
     :class:`~perfmodel.plan.reliability.FailurePlan` field (``wall_s``, ``goodput`` ...), each
     hardware's rows under its own failure model."""
+    import pandas as pd
+
     names = df["hardware"].to_numpy()
     out: dict[str, np.ndarray] = {}
     for name in pd.unique(names):

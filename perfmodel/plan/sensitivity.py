@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from perfmodel.plan.estimate import Estimate, estimate
 from perfmodel.plan.training import DEFAULTS
@@ -35,6 +34,9 @@ from perfmodel.specs.strategy import strategy_from_row
 from perfmodel.step.cost_models import select_step_fn
 from simbase import units
 from simbase.errors import AisimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the tiers of device memory (GiB as the presets spell them) the capacity what-if moves between
 HBM_TIERS_GIB: tuple[float, ...] = tuple(float(x) for x in DEFAULTS["hbm_capacity_tiers_gib"])
@@ -382,4 +384,6 @@ def sensitivity_report(
 def elasticity_table(doc: dict[str, Any]) -> pd.DataFrame:
     """A sensitivity document's elasticities as a table (``aisim perf sensitivity --out``): one
     row per ``quantity`` with its ``elasticity``, in the document's order."""
+    import pandas as pd
+
     return pd.DataFrame(doc["elasticities"].items(), columns=["quantity", "elasticity"])

@@ -29,10 +29,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.plan.failure_model import FailureModel
 from perfmodel.plan.goodput import (
@@ -61,6 +60,9 @@ from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from simbase import units
 from simbase.errors import bad_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the planning options live in perfmodel.plan.options; importers of this module still find them here
 __all__ = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.specs.constants import Constants
@@ -141,7 +140,7 @@ def evaluate_grid(
             hw,
             c,
             placed,
-            jnp.asarray(n, jnp.int32),
+            np.int32(n),
             tuple(place(a) for a in row_args),
         )
     out = evaluate(fn, None, m, hw, c, placed, None, ())

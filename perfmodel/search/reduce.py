@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 from jaxtyping import Array, Bool, Float, Int
 
 from perfmodel.search.evaluate import evaluate_grid
@@ -32,6 +32,9 @@ from perfmodel.specs.model import ModelSpec, host_total_params
 from perfmodel.step.breakdown import StepBreakdown
 from simbase import units
 from simbase.errors import bad_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # ranking keys: (StepBreakdown field, larger is better)
 RANK_KEYS = {
@@ -257,6 +260,8 @@ def search(
 def merge_results(parts: list[SearchResult], grid: StrategyGrid, k: int, rank_by: str):
     """One :class:`SearchResult` from those of a grid's stacks: the best ``k`` of their tops,
     the best of each sweep point, the Pareto front of their fronts, the counts added up."""
+    import pandas as pd
+
     key, larger = RANK_KEYS[rank_by]
 
     def cat(frames):
@@ -294,6 +299,8 @@ def _search_stack(m, hw, c, grid: StrategyGrid, step_fn, k, rank_by, front_size)
     """:func:`search` of a grid of one stack: one jitted evaluation and reduction."""
     n = len(grid)
     if n == 0:
+        import pandas as pd  # here and in the tables below: not before the program compiles
+
         empty = pd.DataFrame()
         return SearchResult(
             model=m,
@@ -367,6 +374,8 @@ def feasible_frame(
     Returns:
       A :func:`~perfmodel.search.report.results_frame` of the feasible rows, in grid order.
     """
+    import pandas as pd
+
     if len(grid) == 0:
         return pd.DataFrame()
     frames = []

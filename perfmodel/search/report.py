@@ -6,13 +6,17 @@ them too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from perfmodel.specs.choices import RecomputeModule
 from perfmodel.specs.knobs import KNOBS, LEAF_KNOBS, STACK_KNOBS
 from perfmodel.specs.strategy import Strategy, leaves_of
 from perfmodel.step.breakdown import BREAKDOWN_TERMS, StepBreakdown
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCALAR_KEYS = (
     "step_time_s",
@@ -89,6 +93,8 @@ def results_frame(s: Strategy, out: StepBreakdown) -> pd.DataFrame:
       A DataFrame with the knob columns (choices by label, switches as booleans) and every
       result column (seconds, bytes, FLOPs; ``memory_*`` for the memory parts).
     """
+    import pandas as pd
+
     s_cols = strategy_columns(s)
     n = len(np.atleast_1d(s_cols["dp"]))
     data = {k: np.atleast_1d(v) for k, v in s_cols.items()}

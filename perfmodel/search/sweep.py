@@ -18,10 +18,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.plan.estimate import (
     DEFAULT_HARDWARE,
@@ -44,6 +43,9 @@ from perfmodel.specs.stack_preset import load_stack
 from perfmodel.step.cost_models import select_step_fn
 from simbase import units
 from simbase.errors import AisimError, bad_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_GPUS = 1024
 DEFAULT_GLOBAL_BATCH = 1536
@@ -352,6 +354,8 @@ def _assemble(
     since: float,
 ) -> SweepResult:
     """Merges the pairs' frames into one ranking, the fronts and the per-hardware costs."""
+    import pandas as pd
+
     key, larger = srch.RANK_KEYS[rank_by]
     top_df = (
         pd.concat(frames.top, ignore_index=True)

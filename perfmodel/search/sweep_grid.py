@@ -115,7 +115,8 @@ def pair_grid(
     if cost_model == "distir":
         return distir_grid(num_gpus, global_batch, knobs, gpus_per_node)
     heads, kv_heads = attention_heads(model)
-    supported = [d.label for d in Dtype if float(hw.spec.peak_flops_per_s[int(d)]) > 0]
+    peak = np.asarray(hw.spec.peak_flops_per_s)  # on the host: indexing the device array compiles
+    supported = [d.label for d in Dtype if float(peak[int(d)]) > 0]
     base = Stack() if stack is None else stack
     if stack is None:  # the attention kernel the model's runs use, unless the knobs choose
         given = {k: v for k, v in model_defaults(model).items() if knobs.get(k) is None}

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.specs.arrays import f32
 from simbase import units
 from simbase.errors import bad_value
 
@@ -182,7 +183,7 @@ def constants_from_dict(doc: dict[str, Any], link_latency_s, where: str) -> Cons
             or v > upper
         ):
             raise bad_value(where, f"constants.{key}", v, unit)
-        values[field] = jnp.asarray(float(v) * scale, jnp.float32)
+        values[field] = f32(float(v) * scale)
     eff = doc.get("link_bandwidth_efficiency", {})
     effs = []
     for tier in TIER_KEYS:
@@ -192,8 +193,8 @@ def constants_from_dict(doc: dict[str, Any], link_latency_s, where: str) -> Cons
                 where, f"constants.link_bandwidth_efficiency.{tier}", v, "a fraction in (0, 1]"
             )
         effs.append(float(v))
-    values["link_bandwidth_efficiency"] = jnp.asarray(effs, jnp.float32)
-    values["link_latency_s"] = jnp.asarray(link_latency_s, jnp.float32)
+    values["link_bandwidth_efficiency"] = f32(effs)
+    values["link_latency_s"] = f32(link_latency_s)
     return Constants(**values)
 
 
@@ -223,7 +224,7 @@ def constants_with_overrides(base: Constants, doc: Any, where: str) -> Constants
             or v > upper
         ):
             raise bad_value(where, f"constants.{key}", v, unit)
-        changes[field] = jnp.asarray(float(v) * scale, jnp.float32)
+        changes[field] = f32(float(v) * scale)
     return dataclasses.replace(base, **changes) if changes else base
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.specs.arrays import f32
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants, constants_from_dict
 from simbase import units
@@ -298,12 +299,12 @@ def hardware_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Hardware:
     )
     capacity = _number(where, "memory_capacity_gib", doc["memory_capacity_gib"], "GiB")
     spec = HardwareSpec(
-        peak_flops_per_s=jnp.asarray(peak, jnp.float32),
-        memory_bandwidth_bytes_per_s=jnp.asarray(bandwidth * units.GIGA, jnp.float32),
-        memory_capacity_bytes=jnp.asarray(capacity * units.GIB, jnp.float32),
-        link_bandwidth_bytes_per_s=jnp.asarray(links.bandwidth_bytes_per_s, jnp.float32),
-        link_latency_s=jnp.asarray(links.latency_s, jnp.float32),
-        **{name: jnp.asarray(value, jnp.float32) for name, value in optional.items()},
+        peak_flops_per_s=f32(peak),
+        memory_bandwidth_bytes_per_s=f32(bandwidth * units.GIGA),
+        memory_capacity_bytes=f32(capacity * units.GIB),
+        link_bandwidth_bytes_per_s=f32(links.bandwidth_bytes_per_s),
+        link_latency_s=f32(links.latency_s),
+        **{name: f32(value) for name, value in optional.items()},
     )
     consts = constants_from_dict(doc.get("constants", {}), spec.link_latency_s, where)
     power, system, system_gpus = _power(doc, where)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from perfmodel.specs.arrays import f32
 from simbase import units
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_json
@@ -187,10 +188,10 @@ def model_from_dict(doc: dict[str, Any], where: str = "<dict>") -> Model:
         )
     spec = with_structure(
         ModelSpec(
-            num_layers=jnp.asarray(layers, _F),
-            hidden_size=jnp.asarray(hidden, _F),
+            num_layers=f32(layers),
+            hidden_size=f32(hidden),
             kind=kind,
-            **{k: jnp.asarray(v, _F) for k, v in (vals | extra).items()},
+            **{k: f32(v) for k, v in (vals | extra).items()},
         )
     )
     _check_size(where, spec)
@@ -387,7 +388,7 @@ def mlp_from_params(params: float | str, *, layers: int = MLP_STANDARD_LAYERS) -
 
 def with_overrides(model: Model, **dims: float | None) -> Model:
     """Returns the model with some dimensions replaced (``None`` values are ignored)."""
-    changes = {k: jnp.asarray(float(v), _F) for k, v in dims.items() if v is not None}
+    changes = {k: f32(float(v)) for k, v in dims.items() if v is not None}
     unknown = set(changes) - set(_SPEC_FIELDS)
     if unknown:
         raise AisimError(f"unknown model dimension {sorted(unknown)[0]!r}")

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from perfmodel.specs.arrays import f32
 from perfmodel.specs.choices import Dtype, Recompute, Schedule
 from perfmodel.specs.knobs import BY_NAME, LEAF_KNOBS, STACK_KNOBS, canonical, knobs_of
 from perfmodel.specs.stack import Stack, stack_from_values
@@ -187,9 +188,7 @@ def stack_strategies(columns: Mapping[str, Any], stack=None) -> Strategy:
     n = len(next(iter(columns.values())))
     defaults = leaf_codes({})
     leaves = {
-        k.name: jnp.asarray(
-            np.broadcast_to(np.asarray(columns.get(k.name, defaults[k.name]), np.float32), (n,))
-        )
+        k.name: f32(np.broadcast_to(np.asarray(columns.get(k.name, defaults[k.name])), (n,)))
         for k in LEAF_KNOBS
     }
     present = {k: v for k, v in columns.items() if BY_NAME[k].home != "stack"}

@@ -1,0 +1,19 @@
+"""Host numbers as JAX arrays without compiling anything.
+
+``jnp.asarray(x, jnp.float32)`` on a Python number or a numpy array compiles a small
+conversion program the first time it meets each shape (tens of milliseconds each on a CPU);
+building a model, hardware, constants and a grid met about ten such shapes, a tenth of a cold
+``aisim perf grid``. :func:`f32` converts on the host and copies the result to the device:
+the same float32 values, nothing compiled.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def f32(x) -> jax.Array:
+    """``x`` (a number, a sequence or a numpy array, not a traced value) as a float32 array
+    on the default device, as ``jnp.asarray(x, jnp.float32)`` gives it."""
+    return jax.device_put(np.asarray(x, np.float32))
