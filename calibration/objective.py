@@ -62,7 +62,7 @@ def objective(
     """
     import optax  # here, not at the top: commands that only predict do not load it
 
-    pred = _group_times(groups, order, param.constants(raw))
+    pred = _group_times_jit(groups, order, param.constants(raw))
     r = jnp.log(pred) - log_measured_s
     per_row = optax.losses.huber_loss(r, jnp.zeros_like(r), delta=delta)
     data = jnp.sum(weights * per_row) / jnp.maximum(jnp.sum(weights), 1.0)
