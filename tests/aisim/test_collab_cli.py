@@ -102,6 +102,7 @@ def test_rounds_multiply_the_round_time():
     assert many["total_task_time_s"] == pytest.approx(60 * one["round_time_s"], rel=1e-6)
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_sweep_table_out_and_plot(tmp_path):
     out, png = tmp_path / "shares.csv", tmp_path / "shares.png"
     r = run(

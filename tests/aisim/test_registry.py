@@ -158,11 +158,13 @@ def documents(moe_file):
     return docs
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_estimate_json_carries_every_knob_under_its_name(documents):
     for doc in documents:
         assert set(NAMES) <= set(doc)
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_every_knob_typed_reaches_the_document(documents):
     wrong = {}
     for values, doc in zip((FIRST, SECOND), documents, strict=True):
@@ -174,6 +176,7 @@ def test_every_knob_typed_reaches_the_document(documents):
     assert not wrong, "knob: (typed, in --json): " + repr(wrong)
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_every_knob_typed_restricts_the_grid(moe_file):
     """`perf grid` with every knob it takes restricted to FIRST's value searches that strategy:
     its best row carries each of them (dp and the microbatches derived)."""

@@ -87,6 +87,7 @@ def test_hardware_elasticities_match_finite_differences(est):
     assert s.bound_by_text.startswith("this run is bound by")
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_constant_elasticities_match_finite_differences(est):
     s = elasticities(est.model, est.hardware, est.hardware.constants, est.strategy)
     c = s.constants

@@ -98,6 +98,7 @@ def test_tp_all_gathers_follow_the_recipe():
     assert amax == pytest.approx(96 * 14 * float(alpha), rel=1e-3)  # latency-bound
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_delayed_scaling_reduces_amaxes_per_microbatch():
     m = load_model("gpt3-1.3b").spec
     base = dict(tp=2, dp=4, micro_batch_size=1, num_microbatches=4, zero_stage=1)
