@@ -38,6 +38,7 @@ def test_cli_json_keys_and_text():
     assert r.exit_code == 2 and "--tp" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_cli_out_table(tmp_path):
     out = tmp_path / "e.csv"
     r = runner.invoke(

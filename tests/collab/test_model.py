@@ -101,6 +101,7 @@ def test_ring_all_reduce_is_bounded_by_the_slowest_link():
     assert float(tl.upload_s[0] + tl.download_s[0]) == pytest.approx(ring, rel=1e-5)
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 @pytest.mark.parametrize("compression, ratio", [("fp16", 0.5), ("int8", 0.25), ("topk", 0.02)])
 def test_compression_shrinks_the_payload(compression, ratio):
     m = mlp_from_params("10M").spec

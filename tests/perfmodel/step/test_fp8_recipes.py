@@ -144,6 +144,7 @@ def test_fp4_on_blackwell_only_and_faster_than_mxfp8():
         assert float(peak[Dtype.FP4]) > float(peak[Dtype.FP8]) > float(peak[Dtype.BF16])
 
 
+@pytest.mark.slow  # a several-second compile (pyproject's markers)
 def test_fp4_weights_and_rowwise_memory():
     m = load_model("llama3-8b").spec
     base = dict(dp=8, zero_stage=1, micro_batch_size=1)
