@@ -7,7 +7,8 @@ one ``::: path`` block (mkdocstrings) per exported name; a name re-exported from
 is a link to that package's page. mkdocstrings reads the source statically, so a name it cannot
 see as ``package.name`` points at the module that defines the object: a name that is also a
 submodule (``perfmodel.step.step_time`` is both a module and the function it re-exports), and a name
-that the package loads lazily (a module ``__getattr__``).
+that the package loads lazily (a module ``__getattr__``), under the defining module's own name for
+it (``calibration.import_training_logs`` is ``calibration.logs.import_logs``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def _target(package: str, name: str, obj: object, static: griffe.Module) -> str:
     if not visible:
         home = _defining_module(package, name, obj)
         if home:
-            return f"{home}.{name}"
+            # the defining module's own name for it (a lazy export may rename it)
+            own = name if getattr(sys.modules.get(home), name, None) is obj else obj.__name__
+            return f"{home}.{own}"
     return f"{package}.{name}"
 
 
