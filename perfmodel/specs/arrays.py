@@ -2,9 +2,9 @@
 
 ``jnp.asarray(x, jnp.float32)`` on a Python number or a numpy array compiles a small
 conversion program the first time it meets each shape (tens of milliseconds each on a CPU);
-building a model, hardware, constants and a grid met about ten such shapes, a tenth of a cold
-``aisim perf grid``. :func:`f32` converts on the host and copies the result to the device:
-the same float32 values, nothing compiled.
+building the default grid's model, hardware, constants and strategies met seven such shapes.
+:func:`f32` converts on the host and copies the result to the device: the same float32
+values, nothing compiled.
 """
 
 from __future__ import annotations
