@@ -82,15 +82,15 @@ _LAZY = {
     }.items()
     for name in names
 }
-_RENAMED = {"import_training_logs": ("calibration.logs", "import_logs")}
+_LAZY["import_training_logs"] = "calibration.logs"  # there named import_logs
+_RENAMED = {"import_training_logs": "import_logs"}
 
 
 def __getattr__(name: str):
-    if name in _LAZY or name in _RENAMED:
+    if name in _LAZY:
         import importlib
 
-        module, attr = _RENAMED.get(name, (_LAZY.get(name), name))
-        return getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     raise AttributeError(f"module 'calibration' has no attribute {name!r}")
 
 

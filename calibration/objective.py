@@ -24,6 +24,7 @@ HUBER_DELTA = 0.1  # residuals beyond 10% in log space count linearly (robust to
 PRIOR_WEIGHT = 1e-6  # per raw unit squared: weak, only decides what the data cannot
 
 
+@jax.jit  # traced once per group structure, and reused under the fits' grad, L-BFGS and Hessian
 def _group_times(groups: tuple[RowGroup, ...], order: jax.Array, c: Constants) -> jax.Array:
     times = [
         jax.vmap(step_time, in_axes=(0, None, None, 0))(g.model, g.hw, c, g.strategy).step_time_s
@@ -32,12 +33,9 @@ def _group_times(groups: tuple[RowGroup, ...], order: jax.Array, c: Constants) -
     return jnp.concatenate(times)[order]
 
 
-_group_times_jit = jax.jit(_group_times)
-
-
 def predicted_step_time_s(batch: RowBatch, c: Constants) -> jax.Array:
     """Predicted seconds per step of every row, in row order (one jitted vmap per group)."""
-    return _group_times_jit(batch.groups, jnp.asarray(batch.order), c)
+    return _group_times(batch.groups, jnp.asarray(batch.order), c)
 
 
 def objective(
@@ -62,7 +60,7 @@ def objective(
     """
     import optax  # here, not at the top: commands that only predict do not load it
 
-    pred = _group_times_jit(groups, order, param.constants(raw))
+    pred = _group_times(groups, order, param.constants(raw))
     r = jnp.log(pred) - log_measured_s
     per_row = optax.losses.huber_loss(r, jnp.zeros_like(r), delta=delta)
     data = jnp.sum(weights * per_row) / jnp.maximum(jnp.sum(weights), 1.0)
