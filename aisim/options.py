@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.specs.knobs import KNOBS, PANELS, canonical
+from perfmodel.specs.knobs import KNOBS, PANELS, PARALLEL_DEGREES, canonical
 from simbase.errors import bad_value
 
 Multi = list[str] | None
@@ -153,6 +153,8 @@ def _knob_params(knob, many: bool, shown: Any) -> list[inspect.Parameter]:
     listed = all(w in knob.help for w in words)
     choices = f" ({', '.join(words)})" if words and not listed else ""
     default = {} if shown is None else {"show_default": knob.text(knob.parse(shown))}
+    if shown is not None and knob.name in PARALLEL_DEGREES:  # with_caller_defaults
+        default["show_default"] += ", or 1 where another degree is given"
     if many:
         several = "on, off or both" if knob.kind is bool else "several, comma-separated"
         info = typer.Option(

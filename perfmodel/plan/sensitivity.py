@@ -30,6 +30,7 @@ from perfmodel.search.sweep import strategy_label, sweep
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import TIER_KEYS, Constants
 from perfmodel.specs.hardware import TIERS, Hardware, HardwareSpec
+from perfmodel.specs.knobs import PARALLEL_DEGREES
 from perfmodel.specs.strategy import strategy_from_row
 from perfmodel.step.cost_models import select_step_fn
 from simbase import units
@@ -267,7 +268,7 @@ def capacity_answer(
     )
 
 
-LAYOUT = ("dp", "tp", "pp", "cp", "ep", "etp")
+LAYOUT = PARALLEL_DEGREES
 # what ``auto`` reports when the search chose the strategy (the first line shows all of it)
 SEARCHED = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "interleave", "zero_stage",
             "recompute", "sequence_parallel")  # fmt: skip

@@ -482,6 +482,10 @@ def knobs_of(home: str) -> tuple[Knob, ...]:
 
 LEAF_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.home in ("layout", "batching", "memory"))
 STACK_KNOBS: tuple[Knob, ...] = knobs_of("stack")
+# the layout's parallel degrees: a user who gives one of them describes the layout, and a degree
+# left out is 1, as every framework takes it (Megatron-LM's --tensor-model-parallel-size,
+# torchtitan's parallelism.* and DeepSpeed all default to 1)
+PARALLEL_DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp")
 
 
 def model_defaults(model: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.specs.knobs import BY_NAME, KNOBS, STACK_KNOBS
+from perfmodel.specs.knobs import BY_NAME, KNOBS, PARALLEL_DEGREES, STACK_KNOBS
 from perfmodel.specs.stack import Stack
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_json
@@ -359,7 +359,10 @@ def explain(preset: StackPreset) -> list[dict[str, Any]]:
 
 def with_caller_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack) -> dict[str, Any]:
     """The knobs given, over a caller's own defaults, except the defaults of the knobs the stack
-    preset's recipe chooses (a framework's recomputation or ZeRO stage wins over the caller's).
+    preset's recipe chooses (a framework's recomputation or ZeRO stage wins over the caller's),
+    and except the caller's parallel degrees where ``knobs`` gives one: a layout given is the
+    whole layout, its other degrees 1 as in the frameworks (``--pp 16 --ep 64`` is DeepSeek-V3's
+    layout without tensor parallelism, not the caller's tp 8).
 
     Args:
       knobs: the knobs the user gave (they win over every default).
@@ -368,9 +371,12 @@ def with_caller_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack)
         (no recipe: every caller default applies).
 
     Returns:
-      The caller's defaults the recipe leaves alone, then ``knobs`` over them.
+      The caller's defaults the recipe and the given layout leave alone, then ``knobs`` over
+      them.
     """
     own = {d.knob for d in getattr(stack, "defaults", ())}
+    if set(PARALLEL_DEGREES) & set(knobs):
+        own |= set(PARALLEL_DEGREES)
     return {k: v for k, v in defaults.items() if k not in own} | knobs
 
 

@@ -398,3 +398,9 @@ def test_without_a_layout_a_model_the_default_layout_cannot_take_gets_the_grids_
     # a layout the user gives is never replaced: its error stands
     bad = run("perf", "estimate", *common[:-1], "--tp", "3")
     assert bad.exit_code == 2 and "'--tp' = 3" in bad.output
+    # a layout the user gives is the whole layout: the degrees left out are 1, as in the
+    # frameworks, not the default run's tp 8 x pp 8
+    r = run("perf", "estimate", *common[:-1], "--pp", "2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert (doc["tp"], doc["pp"], doc["dp"]) == (1, 2, 4) and "tp" not in doc["auto"]
