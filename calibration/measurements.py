@@ -70,6 +70,18 @@ def _preset_names(kind: str) -> list[str] | None:
     return list(model_names())
 
 
+def _canonical(kind: str, name: str) -> str:
+    """The preset a cell's model or hardware name or alias names (``llama3.1-70b`` ->
+    ``llama3-70b``), else the name as it is (checked later against the presets)."""
+    if kind == "model":
+        from perfmodel.specs.model import model_preset_name as resolve
+    elif kind == "hardware":
+        from perfmodel.specs.hardware import hardware_preset_name as resolve
+    else:
+        return name
+    return resolve(name) or name
+
+
 class InvalidRows(AisimError):
     """Some rows of a table are invalid: one error whose ``problems`` are the bad cells.
 
@@ -202,7 +214,7 @@ def _normalise_values(df: pd.DataFrame, problems: _Problems) -> pd.DataFrame:
     for col in ("model", "hardware", "stack"):
         if col in df.columns:
             out[col] = pd.Series(
-                [np.nan if is_blank(v) else preset_name(v) for v in df[col]],
+                [np.nan if is_blank(v) else _canonical(col, preset_name(v)) for v in df[col]],
                 index=df.index,
                 dtype=object,
             )

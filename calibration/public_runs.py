@@ -53,7 +53,13 @@ from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware, load_hardware
 from perfmodel.specs.knobs import KNOBS
-from perfmodel.specs.model import Model, load_model, model_from_dict, model_names, with_overrides
+from perfmodel.specs.model import (
+    Model,
+    load_model,
+    model_from_dict,
+    model_preset_name,
+    with_overrides,
+)
 from perfmodel.specs.stack_preset import load_stack
 from perfmodel.specs.strategy import Strategy
 from perfmodel.specs.validate import strategy_candidates
@@ -196,7 +202,7 @@ def _model(row: pd.Series, cache: dict[str, Model]) -> tuple[Model | None, str]:
             dropout=name == "custom",  # Megatron's GPT default dropout 0.1
         )
         return model_from_dict(doc, f"{name} (table columns)"), ""
-    if name not in model_names():
+    if model_preset_name(name) is None:
         return None, f"no model preset {name!r} (perfmodel/profiles/models)"
     if name not in cache:
         cache[name] = load_model(name)

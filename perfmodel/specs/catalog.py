@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from perfmodel.specs.choices import Dtype
-from perfmodel.specs.hardware import hardware_names, load_hardware
-from perfmodel.specs.model import load_model, model_names, total_params
+from perfmodel.specs.hardware import hardware_aliases, hardware_names, load_hardware
+from perfmodel.specs.model import load_model, model_aliases, model_names, total_params
 from perfmodel.specs.stack_preset import load_stack, stack_names
 from simbase import units
 
@@ -23,16 +23,22 @@ def hardware_rows() -> list[dict[str, Any]]:
     """One row per hardware preset.
 
     Returns:
-      Dicts with ``name``, ``description``, ``peak_<dtype>_tflops`` per dtype (``None`` where
-      the device has no such unit), ``memory_gib``, ``memory_bandwidth_gb_per_s``,
+      Dicts with ``name``, ``aliases`` (the other names it answers to), ``description``,
+      ``peak_<dtype>_tflops`` per dtype (``None`` where the device has no such unit),
+      ``memory_gib``, ``memory_bandwidth_gb_per_s``,
       ``gpus_per_node``, ``intra_node_gb_per_s``, ``inter_node_gb_per_s``, ``wan_gb_per_s``,
       ``price_per_device_hour_usd`` and ``board_power_w`` (``None`` when unknown).
     """
     rows = []
+    other_names = hardware_aliases()
     for name in hardware_names():
         hw = load_hardware(name)
         s = hw.spec
-        row: dict[str, Any] = {"name": name, "description": hw.description}
+        row: dict[str, Any] = {
+            "name": name,
+            "aliases": other_names[name],
+            "description": hw.description,
+        }
         for dt in Dtype:
             v = float(s.peak_flops_per_s[int(dt)])
             row[f"peak_{dt.label}_tflops"] = v / units.TERA if v > 0 else None
@@ -56,11 +62,13 @@ def model_rows() -> list[dict[str, Any]]:
     """One row per model preset.
 
     Returns:
-      Dicts with ``name``, ``kind``, ``params`` (counted), ``published_params``,
+      Dicts with ``name``, ``aliases`` (the other names it answers to), ``kind``, ``params``
+      (counted), ``published_params``,
       ``num_layers``, ``hidden_size``, and for a transformer ``num_heads``, ``num_kv_heads``,
       ``seq_len`` and ``vocab_size`` (``None`` for an MLP).
     """
     rows = []
+    other_names = model_aliases()
     for name in model_names():
         m = load_model(name)
         sp = m.spec
@@ -69,6 +77,7 @@ def model_rows() -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": name,
+                "aliases": other_names[name],
                 "kind": sp.kind,
                 "params": float(total_params(sp)),
                 "published_params": m.published_params,

@@ -27,6 +27,7 @@ from jaxtyping import Array, Float
 from perfmodel.specs.arrays import f32
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import Constants, constants_from_dict
+from perfmodel.specs.names import aliases, preset_name
 from simbase import units
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_json
@@ -333,10 +334,11 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
 
 def load_hardware(name: str) -> Hardware:
-    """Loads a shipped preset by name, case-insensitively (``A100-80GB`` == ``a100-80gb``).
+    """Loads a shipped preset by name or alias, case-insensitively (``A100-80GB`` ==
+    ``a100-80gb``; ``H100`` names ``h100-sxm``: :mod:`perfmodel.specs.names`).
 
     Args:
-      name: a name in :func:`hardware_names`.
+      name: a name in :func:`hardware_names`, or one of a preset's ``aliases``.
 
     Returns:
       The validated :class:`Hardware`.
@@ -344,12 +346,23 @@ def load_hardware(name: str) -> Hardware:
     Raises:
       AisimError: unknown name, with the closest names suggested.
     """
-    key = name.strip().lower()
-    names = hardware_names()
-    if key not in names:
-        raise AisimError(f"unknown hardware preset {name!r}{suggest(key, names)}")
+    key = preset_name(name, _presets_dir())
+    if key is None:
+        raise AisimError(
+            f"unknown hardware preset {name!r}{suggest(name.strip(), hardware_names())}"
+        )
     path = _presets_dir() / f"{key}.json"
     return hardware_from_dict(json.loads(path.read_text()), str(path))
+
+
+def hardware_preset_name(name: str) -> str | None:
+    """The preset that ``name`` names (its file name or an alias), or None."""
+    return preset_name(name, _presets_dir())
+
+
+def hardware_aliases() -> dict[str, list[str]]:
+    """Preset name -> the other names it answers to (its file's ``aliases``)."""
+    return aliases(_presets_dir())
 
 
 def peak_for_dtype(spec: HardwareSpec, dtype_code) -> Float[Array, ""]:

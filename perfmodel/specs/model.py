@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from perfmodel.specs.arrays import f32
+from perfmodel.specs.names import aliases, preset_name
 from simbase import units
 from simbase.errors import AisimError, bad_value, suggest
 from simbase.io import read_json
@@ -88,8 +89,9 @@ class Model:
 
     ``fused_attention_default`` is the attention kernel a strategy gets when none is asked for:
     True for the presets whose published training runs all use a fused kernel (FlashAttention,
-    cuDNN; the Llama, Mixtral, Qwen3, DeepSeek-V3 and GPT-OSS presets), False for the GPT-2/3
-    and Megatron presets, whose reference measurements (Megatron-LM 2021-22) predate it.
+    cuDNN; the Llama, Mistral, Mixtral, Qwen, DeepSeek, Nemotron-4, Grok-1, GPT-OSS and MPT
+    presets), False for the GPT-2/3, BLOOM and Megatron presets, whose reference measurements
+    (Megatron-LM 2021-22, BLOOM's Megatron-DeepSpeed 2022) predate it.
     """
 
     name: str
@@ -287,10 +289,11 @@ def _moe_and_attention_fields(where: str, doc: dict) -> dict[str, float]:
 
 
 def load_model(name: str) -> Model:
-    """Loads a shipped model preset by name, case-insensitively (``gpt3-175B`` works).
+    """Loads a shipped model preset by name or alias (:mod:`perfmodel.specs.names`:
+    ``gpt3-175B``, ``llama3.1-70b`` and ``meta-llama/Llama-3.1-70B-Instruct`` work).
 
     Args:
-      name: a name in :func:`model_names`.
+      name: a name in :func:`model_names`, or one of a preset's ``aliases``.
 
     Returns:
       The validated :class:`Model`.
@@ -298,12 +301,21 @@ def load_model(name: str) -> Model:
     Raises:
       AisimError: unknown name, with the closest names suggested.
     """
-    key = name.strip().lower()
-    names = model_names()
-    if key not in names:
-        raise AisimError(f"unknown model preset {name!r}{suggest(key, names)}")
+    key = preset_name(name, _models_dir())
+    if key is None:
+        raise AisimError(f"unknown model preset {name!r}{suggest(name.strip(), model_names())}")
     path = _models_dir() / f"{key}.json"
     return model_from_dict(json.loads(path.read_text()), str(path))
+
+
+def model_preset_name(name: str) -> str | None:
+    """The preset that ``name`` names (its file name or an alias), or None."""
+    return preset_name(name, _models_dir())
+
+
+def model_aliases() -> dict[str, list[str]]:
+    """Preset name -> the other names it answers to (its file's ``aliases``)."""
+    return aliases(_models_dir())
 
 
 def load_model_file(path: str | Path) -> Model:

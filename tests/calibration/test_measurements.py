@@ -146,6 +146,16 @@ def test_aliases_case_insensitive_and_colossal_spellings(tmp_path, presets):
     assert df["my_note"].iloc[0] == "hello"
 
 
+def test_model_card_and_gpu_names_become_the_presets_they_name(tmp_path, presets):
+    # a planner's names (the presets' aliases, perfmodel.specs.names) are read as the presets
+    p = write(tmp_path, "model,hardware,num_gpus,tp,pp,global_batch_size,step_time_s\n"
+              "meta-llama/Llama-2-70b-hf,H100,64,8,1,64,5.0\n"
+              "GPT-3,A100-SXM4-80GB,64,8,8,64,5.0\n")  # fmt: skip
+    df = load_measurements(p)
+    assert df["model"].tolist() == ["llama2-70b", "gpt3-175b"]
+    assert df["hardware"].tolist() == ["h100-sxm", "a100-80gb"]
+
+
 def test_dp_overlap_is_a_boolean_knob(tmp_path, presets):
     # a plain 'no' must not become bool("no") == True: the fit would overlap the DP reduction
     p = write(tmp_path, "model,hardware,num_gpus,batch_size,throughput,dp_overlap\n"
@@ -236,12 +246,12 @@ def test_blank_throughput_is_kept_for_prediction(tmp_path, presets):
 
 
 def test_unknown_presets_suggest_names(tmp_path, presets):
-    p = write(tmp_path, "model,hardware,num_gpus\nllama2-7 b,h100,8\ngtp2,a100-80gb,1\n")
+    p = write(tmp_path, "model,hardware,num_gpus\nllama2-7 b,h100-sx,8\ngtp2,a100-80gb,1\n")
     with pytest.raises(AisimError) as e:
         load_measurements(p)
     text = str(e.value)
     assert "2 of 2 rows are invalid" in text
-    assert "m.csv:1: field 'hardware' = 'h100': expected a hardware preset; did you mean" in text
+    assert "m.csv:1: field 'hardware' = 'h100-sx': expected a hardware preset; did you mean" in text
     assert "h100-sxm" in text
     assert "m.csv:2: field 'model' = 'gtp2'" in text and "gpt2" in text
 

@@ -184,8 +184,11 @@ def test_model_states_16_bytes_per_param_and_zero_sharding():
 def test_preset_parameter_counts_match_published(name):
     m = load_model(name)
     assert m.published_params is not None
-    # GPT-3's Table 2.1 rounds to two significant figures; other sources are exact counts
+    # GPT-3's Table 2.1 rounds to two significant figures; xAI's "314B", Mistral's "7.3B" and
+    # Qwen2.5-32B's card ("32.5B"; its config counts 32.76B) to three; other sources are exact
+    rounded = ("grok-1", "mistral-7b", "qwen2.5-32b")
     tol = 0.02 if name.startswith(("gpt3", "megatron", "turing")) else 0.005
+    tol = 0.01 if name in rounded else tol
     assert float(total_params(m.spec)) == pytest.approx(m.published_params, rel=tol)
 
 
