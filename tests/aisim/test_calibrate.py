@@ -92,6 +92,7 @@ def test_colossal_seed_single_row_then_predict_fills_the_rest(tmp_path):
     ].is_monotonic_increasing  # bigger batches, more samples/s
 
 
+@pytest.mark.slow  # two predictions with a micro-batch search each
 def test_benchmark_rows_bad_row_rejected_unless_skipped(tmp_path):
     bench = str(SHIPPED / "colossalai_readme_benchmark.csv")
     r = runner.invoke(app, ["calibrate", "predict", bench, "--out", str(tmp_path / "p.csv")])

@@ -87,6 +87,7 @@ def test_bad_new_flag_is_one_line_naming_it(tmp_path, extra, flag):
     assert len(lines) == 1 and flag in lines[0], r.output
 
 
+@pytest.mark.slow  # a grid over cp, ep, shard size and tp: its own program
 def test_grid_comma_lists_become_axes(tmp_path):
     args = ["perf", "grid", "--model-file", _model_file(tmp_path), "--hardware", "h100-sxm"]
     args += ["--gpus", "16", "--global-batch", "32", "--cp", "1,2", "--ep", "1,4"]

@@ -148,6 +148,7 @@ def test_grid_out_has_plan_columns(tmp_path):
     np.testing.assert_allclose(df["energy_mwh"].to_numpy(), energy, rtol=1e-6)
 
 
+@pytest.mark.slow  # two `perf compare` commands: about 5 s of compiles
 def test_compare_out_table(tmp_path):
     out = tmp_path / "cmp.csv"
     r = run(

@@ -58,6 +58,7 @@ def _json(args):
     return json.loads(r.output)
 
 
+@pytest.mark.slow  # three commands, two compiling the sensitivity program
 def test_estimate_sensitivity_block_equals_the_sensitivity_command():
     knobs = ("--model", "gpt3-13b", "--gpus", "64", "--global-batch", "256", "--tp", "4",
              "--pp", "4", "--recompute", "full")  # fmt: skip

@@ -114,6 +114,7 @@ def test_compression_shrinks_the_payload(compression, ratio):
     assert float(comp.round_s) < float(base.round_s)
 
 
+@pytest.mark.slow  # a pipelined round and a pipelined step, each compiled
 def test_pipeline_uses_step_times_pipeline_with_the_wan_as_pp_tier():
     m = mlp_from_params("100M").spec
     sites = collab.stack(
@@ -153,6 +154,7 @@ def test_pipeline_uses_step_times_pipeline_with_the_wan_as_pp_tier():
     np.testing.assert_allclose(np.asarray(tl.other_s), 0.0)
 
 
+@pytest.mark.slow  # a vmapped sweep compiled beside the one-size program
 def test_sweep_equals_one_by_one():
     sizes = ["10M", "40M", "100M"]
     sites, agg, setup = _sites(), collab.make_aggregator(CPU), collab.make_setup()
@@ -166,6 +168,7 @@ def test_sweep_equals_one_by_one():
         assert float(many.round_s[i]) == pytest.approx(float(one.round_s), rel=1e-5)
 
 
+@pytest.mark.slow  # the round's gradient: a compile of its own
 def test_gradient_of_round_time_is_finite():
     m = mlp_from_params("20M").spec
     agg, setup = collab.make_aggregator(CPU), collab.make_setup()

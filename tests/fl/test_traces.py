@@ -46,6 +46,7 @@ def test_speed_factor_two_halves_compute_time(tmp_path):
     assert float(t[1].comm_s) == pytest.approx(float(t[0].comm_s), rel=1e-6)
 
 
+@pytest.mark.slow  # a cohort plan compiled for a trace
 def test_rounds_sample_only_clients_available_at_their_start(tmp_path, build_factory):
     # clients 0-19 are available 00:00-12:00 UTC, clients 20-39 12:00-24:00
     hours = ["0-12"] * 20 + ["12-24"] * 20

@@ -162,6 +162,7 @@ def test_grid_equals_each_strategy_alone():
                 )
 
 
+@pytest.mark.slow  # a grid searched and evaluated whole, two programs
 def test_on_device_selection_equals_host_sort():
     g = _grid_175b(gpus=[512, 1024], recompute=["selective", "full"])
     r = srch.search(GPT3.spec, A100.spec, A100.constants, g, k=7)

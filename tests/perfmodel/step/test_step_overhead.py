@@ -75,6 +75,7 @@ def test_calibration_sees_the_constant():
     assert float(jax.grad(t)(jnp.float32(5e-3))) == pytest.approx(1.0, rel=1e-6)
 
 
+@pytest.mark.slow  # compiles the MoE step, which no fast test of this file needs
 def test_a_stack_sets_its_moe_host_overhead():
     # the per-MoE-layer host overhead is the stack's: a stack's constants block (preset units)
     # overrides the hardware's 3.4 ms, and the leaf stays free for calibration. Qwen3-30B-A3B,
