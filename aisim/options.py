@@ -88,8 +88,9 @@ CostModelOpt = Annotated[
 ]
 StackOpt = Annotated[
     str | None,
-    _opt("--stack", panel=PANELS["stack"], help="Software stack: a preset name or a stack JSON "
-         "file; its behaviours and recipe defaults apply where no option says otherwise."),
+    _opt("--stack", panel=PANELS["stack"], help="Software stack: a preset name, a framework's "
+         "name (nemo, megatron-lm, fsdp, ...) or a stack JSON file; its behaviours and recipe "
+         "defaults apply where no option says otherwise."),
 ]  # fmt: skip
 SetOpt = Annotated[
     Multi,

@@ -71,14 +71,15 @@ def _preset_names(kind: str) -> list[str] | None:
 
 
 def _canonical(kind: str, name: str) -> str:
-    """The preset a cell's model or hardware name or alias names (``llama3.1-70b`` ->
-    ``llama3-70b``), else the name as it is (checked later against the presets)."""
+    """The preset a cell's model, hardware or stack name or alias names (``llama3.1-70b`` ->
+    ``llama3-70b``, ``nemo`` -> ``megatron-core@nemo``), else the name as it is (checked
+    later against the presets, or read as a stack file)."""
     if kind == "model":
         from perfmodel.specs.model import model_preset_name as resolve
     elif kind == "hardware":
         from perfmodel.specs.hardware import hardware_preset_name as resolve
     else:
-        return name
+        from perfmodel.specs.stack_preset import stack_preset_name as resolve
     return resolve(name) or name
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfmodel.specs.knobs import BY_NAME, KNOBS, STACK_KNOBS
-from perfmodel.specs.stack_preset import load_stack
+from perfmodel.specs.stack_preset import load_stack, stack_preset_name
 from simbase.errors import AisimError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -293,6 +293,7 @@ def check_overrides(overrides: Mapping[str, Any] | None, known: Iterable[str]) -
             BY_NAME[key].parse(value)
         elif key == "stack":
             load_stack(value)  # a preset name or a stack file; else an error with the closest
+            out[key] = stack_preset_name(str(value)) or value  # the preset's own name
         elif key == "seq_len" and (isinstance(value, bool) or not int(value) >= 1):
             raise AisimError(field=key, value=value, expected="a positive integer")
     return out

@@ -15,7 +15,7 @@ from typing import Any
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.hardware import hardware_aliases, hardware_names, load_hardware
 from perfmodel.specs.model import load_model, model_aliases, model_names, total_params
-from perfmodel.specs.stack_preset import load_stack, stack_names
+from perfmodel.specs.stack_preset import load_stack, stack_aliases, stack_names
 from simbase import units
 
 
@@ -93,11 +93,13 @@ def stack_rows() -> list[dict[str, Any]]:
     """One row per stack preset and variant.
 
     Returns:
-      Dicts with ``name`` (``NAME`` or ``NAME@VARIANT``), ``description`` (the variant's, else
-      the file's; ``""`` when none) and ``fitted_on``: hardware preset -> ``runs``,
+      Dicts with ``name`` (``NAME`` or ``NAME@VARIANT``), ``aliases`` (the frameworks' names
+      that name it, :func:`~perfmodel.specs.stack_preset.stack_preset_name`), ``description``
+      (the variant's, else the file's; ``""`` when none) and ``fitted_on``: hardware preset -> ``runs``,
       ``sources`` (how many) and ``leave_one_source_out_pct`` of its fitted constants.
     """
     rows = []
+    other_names = stack_aliases()
     for name in stack_names():
         preset = load_stack(name)
         doc = preset.document
@@ -108,5 +110,12 @@ def stack_rows() -> list[dict[str, Any]]:
                  "leave_one_source_out_pct": (e.get("error_pct") or {}).get("leave_one_source_out")}
             for hw, e in preset.fitted_constants().items()
         }  # fmt: skip
-        rows.append({"name": name, "description": desc or "", "fitted_on": fitted})
+        rows.append(
+            {
+                "name": name,
+                "aliases": other_names.get(name, []),
+                "description": desc or "",
+                "fitted_on": fitted,
+            }
+        )
     return rows

@@ -5,8 +5,8 @@ Contract: :func:`preset_name` maps a name to the file stem of a shipped preset i
 JSON presets, or None. A name matches a preset's file stem or one of the names in its
 ``"aliases"`` list after :func:`normalise`: lower case, without a ``owner/`` prefix (Hugging Face
 repository ids), without a trailing variant word that does not change the architecture
-(``-hf``, ``-instruct``, ``-chat``, ``-base``), and without spaces, hyphens and underscores. Dots
-stay, so ``qwen2.5-7b`` and ``qwen2-57b`` remain different models.
+(``-hf``, ``-instruct``, ``-chat``, ``-base``), and without spaces, hyphens, underscores and
+plus signs. Dots stay, so ``qwen2.5-7b`` and ``qwen2-57b`` remain different models.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ VARIANT_WORDS = frozenset({"hf", "instruct", "chat", "base"})
 def normalise(name: str) -> str:
     """The form names are compared in (module docstring)."""
     base = name.strip().lower().rsplit("/", 1)[-1]
-    words = [w for w in re.split(r"[\s_-]+", base) if w]
+    words = [w for w in re.split(r"[\s_+-]+", base) if w]
     while len(words) > 1 and words[-1] in VARIANT_WORDS:
         words.pop()
     return "".join(words)

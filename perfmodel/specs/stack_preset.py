@@ -11,6 +11,9 @@ by name, a variant as ``NAME@VARIANT``, or a file) into a :class:`StackPreset`:
   and ``choices``: what the framework can run at all, which a grid searches);
 - ``variants``: named releases or front ends whose behaviours or defaults differ
   (``torchtitan@2024-12``);
+- ``aliases`` (of the stack and of each variant) and ``covers``: the frameworks' own names a
+  user may give instead (``nemo`` is ``megatron-core@nemo``, ``megatron-lm`` and ``fsdp`` name
+  ``megatron-core`` and ``pytorch-fsdp``; :func:`stack_preset_name`);
 - ``constants``: the calibrated constants of the stack on each hardware preset, fitted or
   carried over with a stated reason.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import operator
 from collections.abc import Mapping
@@ -33,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from perfmodel.specs.knobs import BY_NAME, KNOBS, PARALLEL_DEGREES, STACK_KNOBS
+from perfmodel.specs.names import normalise
 from perfmodel.specs.stack import Stack
-from simbase.errors import AisimError, bad_value, suggest
+from simbase.errors import bad_value, suggest
 from simbase.io import read_json
 
 STACK_SCHEMA = "aisim.stack/1"
@@ -213,9 +218,62 @@ def stack_names() -> list[str]:
     return names
 
 
+@functools.cache
+def _stack_index() -> dict[str, str]:
+    """Normalised name -> shipped stack name: the names themselves, then each variant's
+    aliases, then each stack's aliases and the frameworks it ``covers`` (a variant's alias
+    wins over a framework its stack covers: ``nemo`` is ``megatron-core@nemo``)."""
+    docs = []
+    for p in sorted(_stacks_dir().glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            doc = json.loads(p.read_text())
+            if doc.get("schema") == STACK_SCHEMA:
+                docs.append((p.stem, doc))
+    out: dict[str, str] = {}
+    for name in stack_names():
+        out.setdefault(normalise(name), name)
+    for stem, doc in docs:
+        for variant, v in (doc.get("variants") or {}).items():
+            for a in v.get("aliases") or []:
+                out.setdefault(normalise(a), f"{stem}@{variant}")
+    for stem, doc in docs:
+        for a in [*(doc.get("aliases") or []), *(doc.get("covers") or [])]:
+            out.setdefault(normalise(a), stem)
+    return out
+
+
+def stack_preset_name(name: str) -> str | None:
+    """The shipped stack that ``name`` names (``NAME``, ``NAME@VARIANT``, a variant's name, an
+    alias or a framework a stack covers, compared as :func:`perfmodel.specs.names.normalise`
+    does), or None."""
+    key = name.strip().lower()
+    if key in stack_names():
+        return key
+    return _stack_index().get(normalise(key))
+
+
+def stack_aliases() -> dict[str, list[str]]:
+    """Shipped stack name -> the other names (variant names, aliases and covered frameworks,
+    as the documents write them) that :func:`stack_preset_name` resolves to it."""
+    out: dict[str, list[str]] = {}
+    for p in sorted(_stacks_dir().glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            doc = json.loads(p.read_text())
+            if doc.get("schema") != STACK_SCHEMA:
+                continue
+            variants = doc.get("variants") or {}
+            written = [*(doc.get("aliases") or []), *(doc.get("covers") or [])]
+            written += [a for v in variants.values() for a in v.get("aliases") or []]
+            for w in written:
+                name = stack_preset_name(w)
+                if name is not None and w != name and w not in out.setdefault(name, []):
+                    out[name].append(w)
+    return out
+
+
 def load_stack(spec: Any, hardware=None) -> StackPreset | Stack | None:
-    """A software stack: a shipped preset by name (``NAME`` or ``NAME@VARIANT``, any case), a
-    stack JSON file, an already loaded :class:`StackPreset` or :class:`Stack` (returned as
+    """A software stack: a shipped preset by name (``NAME`` or ``NAME@VARIANT``, any case, or
+    a framework's name: :func:`stack_preset_name`), a stack JSON file, an already loaded :class:`StackPreset` or :class:`Stack` (returned as
     they are), or ``None`` (no stack: the registry's behaviours).
 
     Args:
@@ -233,11 +291,11 @@ def load_stack(spec: Any, hardware=None) -> StackPreset | Stack | None:
     path = Path(str(spec))
     variant = None
     if not path.is_file():
-        key = str(spec).strip().lower()
-        base, _, variant = key.partition("@")
-        if key not in stack_names():
+        key = stack_preset_name(str(spec))
+        if key is None:
             raise bad_value(None, "stack", str(spec), "a stack preset or a stack JSON file",
-                            hint=suggest(key, stack_names()).lstrip("; "))  # fmt: skip
+                            hint=suggest(str(spec).strip(), stack_names()).lstrip("; "))  # fmt: skip
+        base, _, variant = key.partition("@")
         path = _stacks_dir() / f"{base}.json"
     return preset_from_dict(read_json(path, "stack file"), str(path), variant or None)
 
@@ -378,11 +436,3 @@ def with_caller_defaults(knobs: dict[str, Any], defaults: dict[str, Any], stack)
     if set(PARALLEL_DEGREES) & set(knobs):
         own |= set(PARALLEL_DEGREES)
     return {k: v for k, v in defaults.items() if k not in own} | knobs
-
-
-def ensure_known(names: list[str], where: str) -> None:
-    """Raises if a stack name is not shipped (for tables that name stacks per row)."""
-    known = stack_names()
-    for n in names:
-        if n not in known:
-            raise AisimError(f"{where}: unknown stack {n!r}{suggest(n, known)}")

@@ -98,8 +98,8 @@ def test_the_stack_and_any_knob_are_stated_at_import(tmp_path):
     assert _provenance(row)["stack"] == _provenance(row)["eager"] == "option"
     df = load_measurements(out, purpose="fit")
     assert df["stack"].tolist() == ["torchtitan"] and df["eager"].tolist() == [True]
-    r = _import(TORCHTITAN, "--stack", "titan")
-    assert r.exit_code == 2 and "'--stack' = 'titan'" in _error_line(r)
+    r = _import(TORCHTITAN, "--stack", "torchtitn")
+    assert r.exit_code == 2 and "'--stack' = 'torchtitn'" in _error_line(r)
     assert "torchtitan" in _error_line(r)
     r = _import(TORCHTITAN, "--set", "nope=1")
     assert r.exit_code == 2 and "'--set' = 'nope=1'" in _error_line(r)

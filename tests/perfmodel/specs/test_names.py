@@ -1,15 +1,18 @@
 """Preset names as people write them (``perfmodel.specs.names``): model cards, Hugging Face
-repository ids and the marketing names of GPUs name the shipped presets, and no name can mean
-two presets."""
+repository ids, the marketing names of GPUs and the frameworks' own names name the shipped
+presets, and no name can mean two presets."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from calibration.logs.rows import check_overrides
+from calibration.measurements import load_measurements
 from perfmodel.specs.hardware import hardware_preset_name, load_hardware
 from perfmodel.specs.model import load_model, model_preset_name
 from perfmodel.specs.names import normalise, preset_name
+from perfmodel.specs.stack_preset import load_stack, stack_aliases, stack_preset_name
 from simbase.errors import AisimError
 
 PROFILES = Path(__file__).resolve().parents[3] / "perfmodel" / "profiles"
@@ -70,3 +73,44 @@ def test_an_unknown_name_still_lists_the_closest_presets():
     with pytest.raises(AisimError, match=r"unknown model preset 'llama3\.2-70b'; did you mean"):
         load_model("llama3.2-70b")
     assert model_preset_name("A100") is None and hardware_preset_name("A100") is None
+
+
+@pytest.mark.parametrize(
+    ("written", "stack"),
+    [
+        ("megatron-core", "megatron-core"),
+        ("NeMo", "megatron-core@nemo"),
+        ("Megatron-Bridge", "megatron-core@bridge"),
+        ("Megatron-LM", "megatron-core"),
+        ("FSDP2", "pytorch-fsdp"),
+        ("accelerate+fsdp", "pytorch-fsdp"),
+        ("llm-foundry", "pytorch-fsdp@llm-foundry"),
+        ("megatron-deepspeed", "deepspeed@megatron-deepspeed"),
+        ("hf-trainer+deepspeed", "deepspeed"),
+        ("torchtitan@2024-12", "torchtitan@2024-12"),
+    ],
+)
+def test_stacks_answer_to_their_frameworks_names(written, stack):
+    assert stack_preset_name(written) == stack
+    assert load_stack(written).name == stack
+
+
+def test_a_framework_name_never_names_another_stacks_preset():
+    # each stack file's aliases and covered frameworks name that stack or one of its variants;
+    # a bare version ("2024-12") or a front end that runs either stack ("accelerate") names none
+    for path in sorted((PROFILES / "stacks").glob("*.json")):
+        doc = json.loads(path.read_text())
+        written = [*doc.get("aliases", []), *doc["covers"]]
+        written += [a for v in doc["variants"].values() for a in v.get("aliases", [])]
+        for w in written:
+            assert stack_preset_name(w).partition("@")[0] == path.stem, w
+    assert stack_preset_name("2024-12") is None and stack_preset_name("accelerate") is None
+    assert stack_aliases()["megatron-core@nemo"] == ["nemo", "nemo-2", "nemo-launcher"]
+
+
+def test_log_import_and_measurement_files_keep_the_presets_own_stack_name(tmp_path):
+    assert check_overrides({"stack": "titan"}, ["stack"]) == {"stack": "torchtitan"}
+    p = tmp_path / "m.csv"
+    p.write_text("model,hardware,stack,num_gpus,tp,pp,global_batch_size,step_time_s\n"
+                 "llama3-8b,h100-sxm,NeMo,8,1,1,64,5.0\n")  # fmt: skip
+    assert load_measurements(p)["stack"].tolist() == ["megatron-core@nemo"]
