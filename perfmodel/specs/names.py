@@ -5,7 +5,8 @@ Contract: :func:`preset_name` maps a name to the file stem of a shipped preset i
 JSON presets, or None. A name matches a preset's file stem or one of the names in its
 ``"aliases"`` list after :func:`normalise`: lower case, without a ``owner/`` prefix (Hugging Face
 repository ids), without a trailing variant word that does not change the architecture
-(``-hf``, ``-instruct``, ``-chat``, ``-base``), and without spaces, hyphens, underscores and
+(``-hf``, ``-instruct``, ``-chat``, ``-base``) or a leading brand word (``NVIDIA``, ``Tesla``:
+the device names nvidia-smi prints), and without spaces, hyphens, underscores and
 plus signs. Dots stay, so ``qwen2.5-7b`` and ``qwen2-57b`` remain different models.
 """
 
@@ -19,6 +20,9 @@ from pathlib import Path
 # trailing words of released checkpoint names that fine-tuning or packaging adds to an
 # architecture it does not change
 VARIANT_WORDS = frozenset({"hf", "instruct", "chat", "base"})
+# leading brand words of the device names nvidia-smi prints ("NVIDIA A100-SXM4-80GB",
+# "Tesla V100-SXM2-32GB")
+VENDOR_WORDS = frozenset({"nvidia", "tesla"})
 
 
 def normalise(name: str) -> str:
@@ -27,6 +31,8 @@ def normalise(name: str) -> str:
     words = [w for w in re.split(r"[\s_+-]+", base) if w]
     while len(words) > 1 and words[-1] in VARIANT_WORDS:
         words.pop()
+    while len(words) > 1 and words[0] in VENDOR_WORDS:
+        words.pop(0)
     return "".join(words)
 
 

@@ -40,7 +40,15 @@ def test_models_answer_to_the_names_people_write(written, preset):
 
 @pytest.mark.parametrize(
     ("written", "preset"),
-    [("H100", "h100-sxm"), ("H100 SXM5 80GB", "h100-sxm"), ("GB200-NVL72", "gb200")],
+    [
+        ("H100", "h100-sxm"),
+        ("H100 SXM5 80GB", "h100-sxm"),
+        ("GB200-NVL72", "gb200"),
+        # the names nvidia-smi prints
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("Tesla V100-SXM2-32GB", "v100-32gb"),
+    ],
 )
 def test_hardware_answers_to_the_names_people_write(written, preset):
     assert hardware_preset_name(written) == preset
@@ -73,6 +81,9 @@ def test_an_unknown_name_still_lists_the_closest_presets():
     with pytest.raises(AisimError, match=r"unknown model preset 'llama3\.2-70b'; did you mean"):
         load_model("llama3.2-70b")
     assert model_preset_name("A100") is None and hardware_preset_name("A100") is None
+    # a brand word alone, or a device aisim has no preset for, names nothing
+    assert hardware_preset_name("NVIDIA") is None
+    assert hardware_preset_name("NVIDIA H100 PCIe") is None
 
 
 @pytest.mark.parametrize(
