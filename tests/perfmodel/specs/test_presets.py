@@ -25,6 +25,7 @@ NEW_MODELS = [
     "qwen3-235b-a22b",
     "deepseek-v3",
     "gpt-oss-120b",
+    "gpt-oss-20b",
     "nemotron4-15b",
     "nemotron4-340b",
     "grok-1",
@@ -47,7 +48,7 @@ NO_DROPOUT_LLAMAS = ["llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llam
 # (arXiv:2405.04434): DeepSeek-V2-Lite's 2.4B is 2.45B without the table and 2.66B with it (V2:
 # 20.85B and 21.37B against 21B; V3's 37B fits both, 36.6B and 37.6B, and is counted with it
 # here). Qwen and Mistral count both.
-ACTIVE_WITHOUT_INPUT_EMBEDDING = {"gpt-oss-120b", "deepseek-v2", "deepseek-v2-lite"}
+ACTIVE_WITHOUT_INPUT_EMBEDDING = {"gpt-oss-120b", "gpt-oss-20b", "deepseek-v2", "deepseek-v2-lite"}
 REL_TOL = 0.03
 
 
@@ -190,7 +191,9 @@ def test_moe_fields_are_consistent(name):
         assert c["ffn_hidden_size"] == c["moe_ffn_hidden_size"]
 
 
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "qwen3-32b"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "gpt-oss-20b", "qwen3-32b"]
+)
 def test_head_dim_differs_from_hidden_over_heads(name):
     """Where head_dim is given it must matter, or it should not be in the file."""
     c = _doc(name)
