@@ -190,7 +190,8 @@ def grid_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Every valid strategy, evaluated in one vectorised pass, ranked (default: GPT-3 175B on
-    1024 x A100-80GB, global batch 1536)."""
+    1024 x A100-80GB, global batch 1536); comma-separated models, hardware or stacks are each
+    searched and ranked together."""
     import_while_compiling("pandas")  # for the results, while the grid compiles (simbase.prefetch)
     with guard(FLAGS):
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
@@ -203,11 +204,11 @@ def grid_command(
             for h in (split_list(hardware) or [None])[: 1 if hardware_file else None]
         ]
         values = grid_lists(with_settings(knobs, settings))
-        preset = load_stack(stack, devices[0])
+        preset = _grid_stacks(stack, profile)
         with render.SweepProgress(enabled=not json_out) as progress:
             result = plan_grid(
                 models, devices, tokens=plan.tokens,
-                calibration_for=lambda hw: run_constants(hw, profile, preset),
+                calibration_for=lambda hw, *one: run_constants(hw, profile, *one or (preset,)),
                 price_per_gpu_hour_usd=price_per_gpu_hour, num_gpus=values.pop("num_gpus", None),
                 global_batch=values.pop("global_batch_size", None), cost_model=cost_model,
                 top=top, rank_by=rank_by, keep_all=out is not None,
@@ -225,6 +226,19 @@ def grid_command(
         render.print_sweep(doc, wide=wide)
         wrote(out, what=f"{doc['feasible']} feasible strategies to ")
         wrote(plot)
+
+
+def _grid_stacks(stack: str | None, profile):
+    """``--stack`` of a grid: one stack, or several comma-separated (each searched, ranked
+    together); a calibrated profile belongs to one stack."""
+    names = split_list(stack) if stack is not None and "," in stack else None
+    if names is None:
+        return load_stack(stack)
+    if profile is not None:
+        raise bad_value(
+            None, "stack", stack, "one stack with --profile (a profile is fitted under one)"
+        )
+    return [load_stack(n) for n in names]
 
 
 @app.command("sensitivity")

@@ -110,6 +110,7 @@ POINTS_DROP = ("$/Mtok", "MFU")
 POINT_HEADERS = {
     "model": "model",
     "hardware": "hardware",
+    "stack": "stack",
     "num_gpus": "gpus",
     "global_batch_size": "global batch",
 }
@@ -147,9 +148,9 @@ def _varying(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
 
 def top_table(doc: dict, *, wide: bool = False):
     """The top strategies with their breakdown (seconds per step), one line each; the model,
-    hardware and GPU count are columns only when the sweep varies them."""
+    hardware, stack and GPU count are columns only when the sweep varies them."""
     rows = doc["top"]
-    varying = _varying(doc.get("sweep", rows), ("model", "hardware", "num_gpus"))
+    varying = _varying(doc.get("sweep", rows), ("model", "hardware", "stack", "num_gpus"))
     headers = (
         [POINT_HEADERS[k] for k in varying]
         + ["#", "strategy", *(TERM_HEADERS[k] for k in BREAKDOWN_TERMS)]
@@ -178,7 +179,7 @@ def top_table(doc: dict, *, wide: bool = False):
         headers,
         cells,
         drop=_drop_order(rows),
-        left=("model", "hardware", "strategy"),
+        left=("model", "hardware", "stack", "strategy"),
         wide=wide,
         title=title,
         **COMPACT,
@@ -204,7 +205,7 @@ def points_table(doc: dict, *, wide: bool = False):
         headers,
         cells,
         drop=POINTS_DROP,
-        left=("model", "hardware", "strategy"),
+        left=("model", "hardware", "stack", "strategy"),
         wide=wide,
         title="best strategy of each sweep point",
         **COMPACT,

@@ -24,7 +24,7 @@ from perfmodel.plan.uncertainty import (
     prediction_intervals,
     row_intervals,
 )
-from perfmodel.search.sweep import SweepResult
+from perfmodel.search.sweep import SweepResult, search_of
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware
 from perfmodel.step.cost_models import select_step_fn
@@ -94,8 +94,8 @@ def annotate_sweep(
     result: SweepResult,
     cost_model: str,
     *,
-    constants_for: Callable[[Hardware], Constants],
-    cov_for: Callable[[Hardware], ConstantsCovariance | None],
+    constants_for: Callable[..., Constants],
+    cov_for: Callable[..., ConstantsCovariance | None],
     tokens: float | None = None,
     price_per_gpu_hour_usd: float | None = None,
     utilisation_factor: float | None = None,
@@ -103,16 +103,18 @@ def annotate_sweep(
     failures=None,
 ) -> None:
     """Adds the prediction intervals (where ``cov_for`` gives a hardware's covariance) and
-    their plan bounds (with ``tokens``) to every strategy a sweep reports."""
-    pairs = {(p.model.name, p.hardware.name): p for p in result.searches}
+    their plan bounds (with ``tokens``) to every strategy a sweep reports. With several stacks,
+    ``constants_for`` and ``cov_for`` also get the row's stack."""
+    several = len({id(p.stack) for p in result.searches}) > 1
     step_fn = select_step_fn(cost_model)
     for row in reported_rows(result):
-        pair = pairs[(row["model"], row["hardware"])]
+        pair = search_of(result, row)
         hw = with_price(pair.hardware, price_per_gpu_hour_usd)
-        cov = cov_for(hw)
+        under = (pair.stack,) if several else ()
+        cov = cov_for(hw, *under)
         if cov is None:
             continue
-        consts = constants_for(hw)
+        consts = constants_for(hw, *under)
         intervals = row_intervals(pair.model.spec, hw.spec, consts, row, cov, step_fn=step_fn)
         row.update(interval_fields(intervals))
         if tokens is not None:

@@ -19,7 +19,7 @@ from perfmodel.plan.annotate import add_intervals, add_plan, annotate_sweep
 from perfmodel.plan.sensitivity import elasticities, estimate_or_best, estimate_row
 from perfmodel.plan.stack_constants import StackConstants
 from perfmodel.plan.training import plan_sweep
-from perfmodel.search.sweep import SweepResult
+from perfmodel.search.sweep import SweepResult, search_of
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 
@@ -89,7 +89,7 @@ def plan_grid(
     models: list[Model],
     hardware: list[Hardware],
     *,
-    calibration_for: Callable[[Hardware], StackConstants],
+    calibration_for: Callable[..., StackConstants],
     cost_model: str = "aisim",
     tokens: float | None = None,
     failures=None,
@@ -104,7 +104,8 @@ def plan_grid(
     Args:
       models: the models (:func:`perfmodel.search.sweep` pairs each with every hardware).
       hardware: the hardware, each with its price to plan with.
-      calibration_for: the constants of a hardware, with their covariance.
+      calibration_for: the constants of a hardware, with their covariance (with several
+        stacks in ``stack``, of a hardware and a stack).
       cost_model: ``aisim`` or ``distir``.
       tokens: tokens to train on; adds each reported strategy's plan.
       failures: with ``tokens``, a failure model or a function of the hardware that makes one.
@@ -124,8 +125,8 @@ def plan_grid(
       AisimError: whatever :func:`~perfmodel.plan.training.plan_sweep` raises.
     """
 
-    def constants_for(hw: Hardware):
-        return calibration_for(hw).constants
+    def constants_for(hw: Hardware, *stack):
+        return calibration_for(hw, *stack).constants
 
     plan = dict(utilisation_factor=utilisation_factor, pue=pue)
     result = plan_sweep(
@@ -135,13 +136,14 @@ def plan_grid(
     )  # fmt: skip
     annotate_sweep(
         result, cost_model, constants_for=constants_for,
-        cov_for=lambda hw: calibration_for(hw).covariance, tokens=tokens,
+        cov_for=lambda hw, *stack: calibration_for(hw, *stack).covariance, tokens=tokens,
         price_per_gpu_hour_usd=price_per_gpu_hour_usd, failures=failures, **plan,
     )  # fmt: skip
     if sensitivity:
         best = result.best
-        pair = next(p for p in result.searches if p.hardware.name == best["hardware"])
-        consts = constants_for(pair.hardware)
+        pair = search_of(result, best)
+        several = len({id(p.stack) for p in result.searches}) > 1
+        consts = constants_for(pair.hardware, *((pair.stack,) if several else ()))
         est = estimate_row(best, pair.model, pair.hardware, consts)
         best.update(
             elasticities(pair.model, pair.hardware, consts, est.strategy, cost_model).to_dict()

@@ -54,11 +54,12 @@ ProgressFn = Callable[[int, int, str], None]
 
 @dataclasses.dataclass(frozen=True)
 class PairSearch:
-    """The search of one (model, hardware) pair."""
+    """The search of one (model, hardware) pair, under one software stack."""
 
     model: Model
     hardware: Hardware
     result: srch.SearchResult
+    stack: Any = None  # what the search ran under (a loaded preset or Stack; None: no stack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +136,7 @@ def sweep(
     num_gpus: int | Sequence[int] | None = None,
     global_batch: int | Sequence[int] | None = None,
     gpus_per_node: int | None = None,
-    constants: Constants | Callable[[Hardware], Constants] | None = None,
+    constants: Constants | Callable[..., Constants] | None = None,
     cost_model: str = "aisim",
     top: int = 10,
     rank_by: str = "throughput",
@@ -159,7 +160,8 @@ def sweep(
       global_batch: samples per optimiser step, one or several (default 1536).
       gpus_per_node: devices per node (default: each hardware preset's).
       constants: the model's constants for every hardware, or a function of the hardware that
-        returns them (a calibrated profile); default each preset's own.
+        returns them (a calibrated profile; with several stacks, of the hardware and the
+        stack); default each stack's, else each hardware preset's own.
       cost_model: ``aisim`` or ``distir`` (DistIR's formulas, constants and grid: power-of-two
         degrees, one microbatch when pp = 1).
       top: how many of the best strategies to keep.
@@ -172,7 +174,9 @@ def sweep(
         :class:`~perfmodel.specs.stack.Stack` (default: the registry's behaviours, with each
         model preset's attention kernel). A preset also brings its recipe defaults and, unless
         ``constants`` is given, its constants for each hardware
-        (:func:`~perfmodel.plan.stack_constants.stack_constants`).
+        (:func:`~perfmodel.plan.stack_constants.stack_constants`). A list of stacks searches
+        every pair under each, ranked together, each row naming its ``stack``: stacks are
+        sweep points like hardware.
       **knobs: restrictions of the grid's axes by registry name or alias
         (:data:`perfmodel.search.sweep_grid.GRID_KNOBS`), each a list of values; a stack
         knob's values are crossed as stacks of their own; None means every valid value (or
@@ -191,12 +195,16 @@ def sweep(
     grid_knobs = normalise_knobs(knobs)
     gpus_l, batch_l = _sweep_points(num_gpus, global_batch)
     pairs = _pairs(models, hardware)
-    request = _PairRequest(
-        gpus_l, batch_l, grid_knobs, gpus_per_node, allow_cross_node_tp, stack, constants,
-        cost_model, top, rank_by, keep_all,
-    )  # fmt: skip
+    stacks = _stacks(stack)
+    requests = [
+        _PairRequest(
+            gpus_l, batch_l, grid_knobs, gpus_per_node, allow_cross_node_tp, one, constants,
+            cost_model, top, rank_by, keep_all, several_stacks=len(stacks) > 1,
+        )
+        for one in stacks
+    ]  # fmt: skip
     frames = _Frames()
-    searches = _search_pairs(pairs, request, frames, progress)
+    searches = _search_pairs(pairs, requests, frames, progress)
     if sum(s.result.feasible for s in searches) == 0:
         raise _nothing_feasible(searches)
     several_hardware = len({hw.name for _, hw in pairs}) > 1
@@ -228,18 +236,32 @@ class _PairRequest:
     top: int
     rank_by: str
     keep_all: bool
+    several_stacks: bool = False
 
 
-def _search_pairs(pairs, request: _PairRequest, frames: _Frames, progress) -> list[PairSearch]:
-    """Searches each pair in turn (:func:`_search_pair`), calling ``progress`` before each
-    and once at the end."""
-    searches = []
-    for i, (m, hw) in enumerate(pairs):
-        if progress is not None:
-            progress(i, len(pairs), f"{m.name} on {hw.name}")
-        searches.append(_search_pair(m, hw, request, frames))
+def _stacks(stack) -> list:
+    """The stacks a sweep runs under: one (as given), or each of a list or tuple, loaded."""
+    if isinstance(stack, list | tuple):
+        loaded = [load_stack(s) for s in stack] or [None]
+        names = [getattr(s, "name", None) for s in loaded]
+        if len(set(names)) < len(names):
+            raise bad_value(None, "stack", ",".join(map(str, names)), "different stacks")
+        return loaded
+    return [stack]
+
+
+def _search_pairs(pairs, requests: list[_PairRequest], frames: _Frames, progress):
+    """Searches each pair under each stack in turn (:func:`_search_pair`), calling
+    ``progress`` before each and once at the end."""
+    searches, n = [], len(pairs) * len(requests)
+    for request in requests:
+        under = f" under {request.stack.name}" if request.several_stacks else ""
+        for m, hw in pairs:
+            if progress is not None:
+                progress(len(searches), n, f"{m.name} on {hw.name}{under}")
+            searches.append(_search_pair(m, hw, request, frames))
     if progress is not None:
-        progress(len(pairs), len(pairs), "")
+        progress(n, n, "")
     return searches
 
 
@@ -251,7 +273,7 @@ def _search_pair(m: Model, hw: Hardware, request: _PairRequest, frames: _Frames)
         m, hw, request.num_gpus, request.global_batch, gpn, request.knobs, request.cost_model,
         request.allow_cross_node_tp, request.stack,
     )  # fmt: skip
-    consts = _constants_for(hw, request.constants, request.stack)
+    consts = _constants_for(hw, request.constants, request.stack, request.several_stacks)
     step_fn = select_step_fn(request.cost_model)
     r = srch.search(
         m.spec, hw.spec, consts, grid, step_fn=step_fn, k=request.top, rank_by=request.rank_by
@@ -266,7 +288,19 @@ def _search_pair(m: Model, hw: Hardware, request: _PairRequest, frames: _Frames)
     if request.keep_all and r.feasible:
         every = srch.feasible_frame(m.spec, hw.spec, consts, grid, step_fn=step_fn)
         frames.all.append(every.assign(**tag))
-    return PairSearch(m, hw, r)
+    return PairSearch(m, hw, r, request.stack)
+
+
+def search_of(result: SweepResult, row: dict[str, Any]) -> PairSearch:
+    """The pair search that reported ``row``: its model and hardware, and its ``stack`` where
+    the sweep ran under several."""
+    several = len({id(p.stack) for p in result.searches}) > 1
+    for p in result.searches:
+        if (p.model.name, p.hardware.name) == (row["model"], row["hardware"]) and (
+            not several or p.stack.name == row.get("stack")
+        ):
+            return p
+    raise KeyError((row["model"], row["hardware"], row.get("stack")))
 
 
 def _check_options(cost_model: str, rank_by: str, top: int) -> None:
@@ -293,9 +327,12 @@ def _pairs(models, hardware) -> list[tuple[Model, Hardware]]:
     return [(m, hw) for m in model_list for hw in hw_list]
 
 
-def _constants_for(hw: Hardware, constants, stack=None) -> Constants:
-    """The constants given, else a stack preset's for this hardware (fitted, or carried over
-    from its other hardware), else the hardware preset's."""
+def _constants_for(hw: Hardware, constants, stack=None, several_stacks=False) -> Constants:
+    """The constants given (a callable of the hardware, and of the stack too when the sweep
+    has several), else a stack preset's for this hardware (fitted, or carried over from its
+    other hardware), else the hardware preset's."""
+    if callable(constants) and several_stacks:
+        return constants(hw, stack)
     if constants is None:
         return stack_constants(load_stack(stack), hw).constants
     return constants(hw) if callable(constants) else constants
@@ -335,7 +372,11 @@ def _nothing_feasible(searches: list[PairSearch]) -> AisimError:
         for s in searches
     ]
     if len(msgs) > 1:
-        msgs = [f"{s.hardware.name}: {m}" for s, m in zip(searches, msgs, strict=True)]
+        several = len({id(s.stack) for s in searches}) > 1
+        msgs = [
+            f"{s.hardware.name}{f' under {s.stack.name}' if several else ''}: {m}"
+            for s, m in zip(searches, msgs, strict=True)
+        ]
     empty = [s for s in searches if s.result.evaluated == 0]
     lifts = {
         p for s in empty for r, p in s.result.grid.lifted_by.items() if r in s.result.grid.rejected

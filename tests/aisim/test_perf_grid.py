@@ -313,6 +313,8 @@ def test_distir_cost_model_uses_its_grid_and_formulas():
         (("--layers", "0"), "--layers"),
         (("--micro-batch", "0"), "--micro-batch"),
         (("--global-batch", "0"), "--global-batch"),
+        (("--stack", "megatron-core,mcore"), "different stacks"),
+        (("--stack", "nemo,titan", "--profile", "p.json"), "one stack with --profile"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -365,3 +367,24 @@ def test_a_rule_an_option_lifts_names_the_option():
     assert lines[0].endswith("pass --allow-cross-node-tp")
     doc = _json(*args, "--tp", "4,8", "--gpus-per-node", "4", "--zero", "1", "--top", "1")
     assert doc["infeasible_reasons"]["tp crosses a node of 4 GPUs (pass --allow-cross-node-tp)"]
+
+
+@pytest.mark.slow  # one grid compiled under each of two stacks
+def test_several_stacks_are_sweep_points_each_as_its_own_grid_ranks_it():
+    # --stack a,b searches the grid under each stack and ranks them together: each stack's
+    # best is what the grid under that stack alone finds, with that stack's constants
+    common = ("--model", "gpt3-1.3b", "--hardware", "h100-sxm", "--gpus", "8",
+              "--global-batch", "64", "--json")  # fmt: skip
+    both = json.loads(run("grid", *common, "--stack", "nemo,titan", "--top", "5").output)
+    assert {r["stack"] for r in both["top"]} <= {"megatron-core@nemo", "torchtitan"}
+    assert [p["stack"] for p in both["sweep"]] == ["megatron-core@nemo", "torchtitan"]
+    for stack, point in zip(("megatron-core@nemo", "torchtitan"), both["sweep"], strict=True):
+        alone = json.loads(run("grid", *common, "--stack", stack, "--top", "5").output)["best"]
+        assert point["step_time_s"] == alone["step_time_s"]
+        assert point["step_time_s_hi"] == alone["step_time_s_hi"]  # its own covariance
+        assert strategy_label_of(point) == strategy_label_of(alone)
+    assert both["best"]["step_time_s"] == min(p["step_time_s"] for p in both["sweep"])
+
+
+def strategy_label_of(row: dict) -> tuple:
+    return tuple(row[k] for k in KNOB_KEYS)
