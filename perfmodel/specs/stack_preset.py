@@ -243,9 +243,9 @@ def _stack_index() -> dict[str, str]:
 
 
 def stack_preset_name(name: str) -> str | None:
-    """The shipped stack that ``name`` names (``NAME``, ``NAME@VARIANT``, a variant's name, an
-    alias or a framework a stack covers, compared as :func:`perfmodel.specs.names.normalise`
-    does), or None."""
+    """The shipped stack that ``name`` names (``NAME``, ``NAME@VARIANT``, an alias of a stack
+    or of a variant, or a framework a stack covers, compared as
+    :func:`perfmodel.specs.names.normalise` does), or None."""
     key = name.strip().lower()
     if key in stack_names():
         return key
@@ -253,8 +253,9 @@ def stack_preset_name(name: str) -> str | None:
 
 
 def stack_aliases() -> dict[str, list[str]]:
-    """Shipped stack name -> the other names (variant names, aliases and covered frameworks,
-    as the documents write them) that :func:`stack_preset_name` resolves to it."""
+    """Shipped stack name -> the other names (its aliases, its variants' aliases and the
+    frameworks it covers, as the documents write them) that :func:`stack_preset_name`
+    resolves to it."""
     out: dict[str, list[str]] = {}
     for p in sorted(_stacks_dir().glob("*.json")):
         with contextlib.suppress(ValueError, OSError):
