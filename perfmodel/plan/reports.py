@@ -5,9 +5,10 @@ Contract: :func:`estimate_document` evaluates one strategy and adds what a plann
 (prediction intervals, the plan, the elasticities: :mod:`perfmodel.plan.annotate`) to its JSON
 document; :func:`plan_grid` searches every strategy (:func:`perfmodel.plan.training.plan_sweep`)
 and annotates what it reports the same way. The constants of each hardware come in as
-``calibration_for(hardware)``, a :class:`~perfmodel.plan.stack_constants.StackConstants` (its
-constants and covariance), so a calibrated profile read by the caller serves both. Nothing here
-reads a file or prints.
+``calibration_for(hardware)`` (``calibration_for(hardware, stack)`` when a grid has several
+stacks), a :class:`~perfmodel.plan.stack_constants.StackConstants` (its constants and
+covariance), so a calibrated profile read by the caller serves both. Nothing here reads a file
+or prints.
 """
 
 from __future__ import annotations
