@@ -105,7 +105,7 @@ def annotate_sweep(
     """Adds the prediction intervals (where ``cov_for`` gives a hardware's covariance) and
     their plan bounds (with ``tokens``) to every strategy a sweep reports. With several stacks,
     ``constants_for`` and ``cov_for`` also get the row's stack."""
-    several = len({id(p.stack) for p in result.searches}) > 1
+    several = result.several_stacks
     step_fn = select_step_fn(cost_model)
     for row in reported_rows(result):
         pair = search_of(result, row)

@@ -143,8 +143,7 @@ def plan_grid(
     if sensitivity:
         best = result.best
         pair = search_of(result, best)
-        several = len({id(p.stack) for p in result.searches}) > 1
-        consts = constants_for(pair.hardware, *((pair.stack,) if several else ()))
+        consts = constants_for(pair.hardware, *((pair.stack,) if result.several_stacks else ()))
         est = estimate_row(best, pair.model, pair.hardware, consts)
         best.update(
             elasticities(pair.model, pair.hardware, consts, est.strategy, cost_model).to_dict()

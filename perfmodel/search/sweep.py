@@ -102,6 +102,11 @@ class SweepResult:
     searches: tuple[PairSearch, ...] = ()
 
     @property
+    def several_stacks(self) -> bool:
+        """Whether the pairs were searched under more than one stack."""
+        return _several_stacks(self.searches)
+
+    @property
     def cheapest_hardware(self) -> dict | None:
         """The strategy with the lowest cost per token over the hardware swept, if any."""
         return self.cost_by_hardware[0] if self.cost_by_hardware else None
@@ -291,10 +296,14 @@ def _search_pair(m: Model, hw: Hardware, request: _PairRequest, frames: _Frames)
     return PairSearch(m, hw, r, request.stack)
 
 
+def _several_stacks(searches) -> bool:
+    return len({id(s.stack) for s in searches}) > 1
+
+
 def search_of(result: SweepResult, row: dict[str, Any]) -> PairSearch:
     """The pair search that reported ``row``: its model and hardware, and its ``stack`` where
     the sweep ran under several."""
-    several = len({id(p.stack) for p in result.searches}) > 1
+    several = result.several_stacks
     for p in result.searches:
         if (p.model.name, p.hardware.name) == (row["model"], row["hardware"]) and (
             not several or p.stack.name == row.get("stack")
@@ -372,7 +381,7 @@ def _nothing_feasible(searches: list[PairSearch]) -> AisimError:
         for s in searches
     ]
     if len(msgs) > 1:
-        several = len({id(s.stack) for s in searches}) > 1
+        several = _several_stacks(searches)
         msgs = [
             f"{s.hardware.name}{f' under {s.stack.name}' if several else ''}: {m}"
             for s, m in zip(searches, msgs, strict=True)

@@ -219,16 +219,23 @@ def stack_names() -> list[str]:
 
 
 @functools.cache
-def _stack_index() -> dict[str, str]:
-    """Normalised name -> shipped stack name: the names themselves, then each variant's
-    aliases, then each stack's aliases and the frameworks it ``covers`` (a variant's alias
-    wins over a framework its stack covers: ``nemo`` is ``megatron-core@nemo``)."""
+def _stack_documents() -> tuple[tuple[str, dict], ...]:
+    """(file stem, document) of every shipped stack file of the stack schema, read once."""
     docs = []
     for p in sorted(_stacks_dir().glob("*.json")):
         with contextlib.suppress(ValueError, OSError):
             doc = json.loads(p.read_text())
             if doc.get("schema") == STACK_SCHEMA:
                 docs.append((p.stem, doc))
+    return tuple(docs)
+
+
+@functools.cache
+def _stack_index() -> dict[str, str]:
+    """Normalised name -> shipped stack name: the names themselves, then each variant's
+    aliases, then each stack's aliases and the frameworks it ``covers`` (a variant's alias
+    wins over a framework its stack covers: ``nemo`` is ``megatron-core@nemo``)."""
+    docs = _stack_documents()
     out: dict[str, str] = {}
     for name in stack_names():
         out.setdefault(normalise(name), name)
@@ -257,18 +264,14 @@ def stack_aliases() -> dict[str, list[str]]:
     frameworks it covers, as the documents write them) that :func:`stack_preset_name`
     resolves to it."""
     out: dict[str, list[str]] = {}
-    for p in sorted(_stacks_dir().glob("*.json")):
-        with contextlib.suppress(ValueError, OSError):
-            doc = json.loads(p.read_text())
-            if doc.get("schema") != STACK_SCHEMA:
-                continue
-            variants = doc.get("variants") or {}
-            written = [*(doc.get("aliases") or []), *(doc.get("covers") or [])]
-            written += [a for v in variants.values() for a in v.get("aliases") or []]
-            for w in written:
-                name = stack_preset_name(w)
-                if name is not None and w != name and w not in out.setdefault(name, []):
-                    out[name].append(w)
+    for _, doc in _stack_documents():
+        variants = doc.get("variants") or {}
+        written = [*(doc.get("aliases") or []), *(doc.get("covers") or [])]
+        written += [a for v in variants.values() for a in v.get("aliases") or []]
+        for w in written:
+            name = stack_preset_name(w)
+            if name is not None and w != name and w not in out.setdefault(name, []):
+                out[name].append(w)
     return out
 
 
