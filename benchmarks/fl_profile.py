@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fl_peers import TASKS  # noqa: E402
 
 from fl import build, plan_cohort, simulate  # noqa: E402
+from fl.build import padded_steps  # noqa: E402
 
 
 def timed(b, hyper, rounds: int, repeats: int = 3) -> float:
@@ -53,12 +54,7 @@ def steps_run(b) -> tuple[int, int]:
         jax.jit(lambda s: plan_cohort(b.spec, s, b.inputs, b.hyper))(b.init_state)
     )
     steps = np.sort(np.asarray(plan.steps))[::-1]
-    steps = np.concatenate([steps, np.zeros(b.spec.slots - len(steps), steps.dtype)])
-    run, offset = 0, 0
-    for size, count in b.spec.segments:
-        for _ in range(count):
-            run += size * int(steps[offset : offset + size].max(initial=0))
-            offset += size
+    run = padded_steps(b.spec, steps)
     return int(steps.sum()), run
 
 

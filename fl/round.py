@@ -17,8 +17,9 @@ Contract: :func:`make_round` closes over the static :class:`RoundSpec` and retur
    holds the server until the deadline, or without one for as long as its full work would take
    (the server's timeout), so a round that nobody answers still costs time;
 3. (:mod:`fl.cohort`) sorts the cohort by local steps, longest first (bucketing), and cuts it
-   into the chunks of :attr:`RoundSpec.segments`: chunks that grow 4x from ``unit`` clients up
-   to ``chunk``, then equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
+   into the chunks of :attr:`RoundSpec.segments`: where the population is heavy-tailed
+   (:attr:`RoundSpec.head`), chunks that grow 4x from ``unit`` clients up to ``chunk``, then
+   equal chunks of at most ``chunk`` clients (``lax.scan`` over them bounds memory). In a chunk,
    step 0 is vmapped with the global model unbatched (every client starts from it, so its forward
    pass is one matmul over the chunk's batches), then
    ``vmap(train_step)`` runs inside a loop whose trip count is that chunk's largest step count,

@@ -98,6 +98,7 @@ class RoundSpec:
     flops_per_sample: float = 0.0
     param_bytes: float = 0.0
     mesh: Mesh | None = None
+    head: bool = True  # the growing head of :attr:`segments` (fl.build.head_pays decides)
 
     @property
     def unit(self) -> int:
@@ -107,10 +108,11 @@ class RoundSpec:
     @property
     def segments(self) -> tuple[tuple[int, int], ...]:
         """``(chunk clients, number of chunks)`` groups covering the size-sorted cohort in order:
-        a head of single chunks of ``unit, 4 unit, 16 unit, ...`` (below ``chunk``), then the rest
-        split evenly into chunks of at most ``chunk`` clients (padded to a multiple of ``unit``)."""
+        with :attr:`head`, single chunks of ``unit, 4 unit, 16 unit, ...`` (below ``chunk``) first,
+        then the rest split evenly into chunks of at most ``chunk`` clients (padded to a multiple
+        of ``unit``). Each group is a loop of its own in the compiled round."""
         u, groups, covered, size = self.unit, [], 0, self.unit
-        while size < self.chunk and covered + size < self.cohort:
+        while self.head and size < self.chunk and covered + size < self.cohort:
             groups.append((size, 1))
             covered += size
             size *= 4

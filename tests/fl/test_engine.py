@@ -10,6 +10,8 @@ import pytest
 
 from fl import local_update as lu
 from fl import round as rnd
+from fl.build import build, head_pays, padded_steps
+from fl.config import ExperimentConfig
 from fl.models import cross_entropy, make_model
 from fl.partition import from_lists
 from fl.server import make_algorithm
@@ -104,6 +106,36 @@ def test_chunking_does_not_change_the_result(build_factory, rechunk):
     s2, _ = small.run_round(small.init_state, small.inputs, small.hyper)
     for a, e in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
         np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+
+
+def test_the_growing_head_does_not_change_the_result(build_factory):
+    b = build_factory(stragglers=0.3)
+    assert not b.spec.head  # the digits clients are alike: equal chunks only
+    spec = dataclasses.replace(b.spec, head=True)
+    assert spec.segments != b.spec.segments
+    s1, _ = b.run_round(b.init_state, b.inputs, b.hyper)
+    s2, _ = jax.jit(rnd.make_round(spec))(b.init_state, b.inputs, b.hyper)
+    for a, e in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+
+
+def test_head_only_where_it_cuts_the_masked_steps():
+    spec = rnd.RoundSpec(None, make_algorithm("fedavg"), cohort=8, chunk=2)
+    assert spec.segments == ((1, 1), (2, 4))
+    flat = dataclasses.replace(spec, head=False)
+    assert flat.segments == ((2, 4),)
+    # one client of 100 steps among seven of 1 (the whole population is the cohort): the head
+    # runs 1 x 100 + 4 chunks x 2 x 1 = 108 client-steps, equal chunks 2 x 100 + 3 x 2 x 1 = 206
+    tail = np.array([100, 1, 1, 1, 1, 1, 1, 1])
+    assert padded_steps(spec, tail) == 108 and padded_steps(flat, tail) == 206
+    assert head_pays(spec, tail, tail)
+    # alike clients: the head only adds a chunk (9 x 5 against 8 x 5)
+    alike = np.full(8, 5)
+    assert padded_steps(spec, alike) == 45 and padded_steps(flat, alike) == 40
+    assert not head_pays(spec, alike, alike)
+    # FedProx's lognormal sizes (synthetic(1,1)) get it, as a build of them shows
+    cfg = ExperimentConfig(dataset="synthetic", clients=1000, clients_per_round=100, rounds=1)
+    assert build(cfg).spec.head
 
 
 def test_memory_budget_sets_chunk(build_factory):
