@@ -39,6 +39,7 @@ from aisim.options import (
     SeqLenOpt,
     SetOpt,
     StackOpt,
+    StacksOpt,
     TokensOpt,
     UtilisationOpt,
     VocabOpt,
@@ -173,7 +174,7 @@ def grid_command(
     hardware_file: HardwareFileOpt = None,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
-    stack: StackOpt = None,
+    stack: StacksOpt = None,
     settings: SetOpt = None,
     allow_cross_node_tp: CrossNodeOpt = False,
     tokens: TokensOpt = None,
@@ -204,7 +205,7 @@ def grid_command(
             for h in (split_list(hardware) or [None])[: 1 if hardware_file else None]
         ]
         values = grid_lists(with_settings(knobs, settings))
-        preset = _grid_stacks(stack, profile)
+        preset = _stacks_of(stack, profile)
         with render.SweepProgress(enabled=not json_out) as progress:
             result = plan_grid(
                 models, devices, tokens=plan.tokens,
@@ -228,9 +229,9 @@ def grid_command(
         wrote(plot)
 
 
-def _grid_stacks(stack: str | None, profile):
-    """``--stack`` of a grid: one stack, or several comma-separated (each searched, ranked
-    together); a calibrated profile belongs to one stack."""
+def _stacks_of(stack: str | None, profile):
+    """``--stack`` of a grid or a comparison: one stack, or several comma-separated (each
+    searched); a calibrated profile belongs to one stack."""
     names = split_list(stack) if stack is not None and "," in stack else None
     if names is None:
         return load_stack(stack)
@@ -296,7 +297,7 @@ def compare_command(
     global_batch: BatchOpt = 1536,
     rank_by: CompareRankOpt = "time",
     profile: ProfileOpt = None,
-    stack: StackOpt = None,
+    stack: StacksOpt = None,
     settings: SetOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     utilisation: UtilisationOpt = None,
@@ -306,13 +307,14 @@ def compare_command(
     out: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Hardware side by side: each one's best strategy, time, cost and energy to train."""
+    """Hardware side by side: each one's best strategy, time, cost and energy to train (under
+    each stack, where --stack names several)."""
     with guard(FLAGS):
         check_table_suffix(out)
         _check_png(plot)
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         devices = [resolve_hardware(h) for h in split_list(hardware) or []]
-        preset = load_stack(stack, devices[0] if devices else None)
+        preset = _stacks_of(stack, profile)
         given = with_settings(knobs, settings)
         for name, option in (("num_gpus", "--gpus"), ("global_batch_size", "--global-batch")):
             if name in given:  # compare's own option, one value for every hardware
@@ -320,7 +322,8 @@ def compare_command(
         doc = compare_hardware(
             _model(model, model_file), devices, tokens=plan.tokens, num_gpus=gpus,
             global_batch=global_batch, rank_by=rank_by,
-            constants_for=lambda hw: run_constants(hw, profile, preset).constants, stack=preset,
+            constants_for=lambda hw, *one: run_constants(hw, profile, *one or (preset,)).constants,
+            stack=preset,
             price_per_gpu_hour_usd=price_per_gpu_hour, failures=failures, **plan.power(),
             **grid_lists(given),
         )  # fmt: skip

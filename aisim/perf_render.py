@@ -437,14 +437,16 @@ def print_compare(doc: dict[str, Any]) -> None:
         title=f"{doc['model']}, {format_count(doc['tokens'])} tokens on {doc['num_gpus']} GPUs "
         f"(global batch {doc['global_batch_size']}, best by {doc['rank_by']})"
     )
-    for h in ("hardware", "best strategy", "step s", "tokens/s", "MFU", "days", "GPU-h"):
-        t.add_column(h, justify="left" if h in ("hardware", "best strategy") else "right")
+    several = any("stack" in r for r in doc["hardware"])  # named only when it varies
+    head = ("hardware", "stack: best strategy" if several else "best strategy")
+    for h in (*head, "step s", "tokens/s", "MFU", "days", "GPU-h"):
+        t.add_column(h, justify="left" if h in head else "right")
     t.add_column("cost", justify="right")
     t.add_column("MWh", justify="right")
     for r in doc["hardware"]:
         t.add_row(
             r["hardware"],
-            r["strategy"],
+            f"{r['stack']}:\n{r['strategy']}" if several else r["strategy"],
             f"{r['step_time_s']:.4g}",
             f"{r['tokens_per_s']:.4g}",
             f"{100 * r['mfu']:.1f}%",

@@ -1,8 +1,9 @@
-"""Hardware side by side for one training run: each one's best strategy and its plan.
+"""Hardware (and software stacks) side by side for one training run: each one's best strategy
+and its plan.
 
 Contract: :func:`compare_hardware` runs :func:`perfmodel.plan.training.plan_sweep` once per
-hardware, so that each gets its own best strategy under the same ranking, GPU count and batch,
-and returns the ``aisim perf compare --json`` document. Nothing here prints.
+hardware and stack, so that each gets its own best strategy under the same ranking, GPU count and
+batch, and returns the ``aisim perf compare --json`` document. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ def compare_hardware(
     num_gpus: int = 1024,
     global_batch: int = 1536,
     rank_by: str = "time",
-    constants_for: Callable[[Hardware], Constants] | None = None,
+    constants_for: Callable[..., Constants] | None = None,
     stack=None,
     **plan: Any,
 ) -> dict[str, Any]:
-    """The best strategy of each hardware at one GPU count and batch, and its plan.
+    """The best strategy of each hardware (under each stack) at one GPU count and batch, and
+    its plan.
 
     Args:
       model: the model.
@@ -59,39 +61,47 @@ def compare_hardware(
       global_batch: samples per optimiser step.
       rank_by: ``time``, ``cost`` or ``energy``: how each hardware's best is chosen.
       constants_for: the constants of a hardware (a calibrated profile); default its preset's.
-      stack: the software stack (:func:`perfmodel.sweep`'s).
+        With several stacks it also gets the stack: ``constants_for(hw, stack)``.
+      stack: the software stack (:func:`perfmodel.sweep`'s), or a list of stacks: every
+        hardware is searched under each, one row per pair, hardware first.
       **plan: the plan's options and the grid's knob restrictions (:func:`plan_sweep`'s).
 
     Returns:
       ``model``, ``tokens``, ``rank_by``, ``num_gpus``, ``global_batch_size`` and ``hardware``:
-      one entry per hardware with :data:`COMPARE_KEYS`, ``strategy`` (its label) and ``best``
-      (its whole result document).
+      one entry per hardware (and stack) with :data:`COMPARE_KEYS`, ``strategy`` (its label),
+      ``stack`` (its name, with several stacks) and ``best`` (its whole result document).
 
     Raises:
       AisimError: an unknown ranking (field ``rank_by``), or a hardware with nothing feasible.
     """
     if rank_by not in RANKINGS:
         raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(RANKINGS))
+    stacks = list(stack) if isinstance(stack, list | tuple) else [stack]
+    several = len(stacks) > 1
     rows = []
     for hw in hardware:
-        consts = None if constants_for is None else constants_for(hw)
-        result = plan_sweep(
-            [model],
-            [hw],
-            tokens=tokens,
-            rank_by=rank_by,
-            num_gpus=[num_gpus],
-            global_batch=[global_batch],
-            constants=None if consts is None else (lambda _, c=consts: c),
-            top=1,
-            stack=stack,
-            **plan,
-        )
-        best = result.best
-        row = {k: best.get(k) for k in COMPARE_KEYS}
-        row["strategy"] = strategy_label(best)
-        row["best"] = best
-        rows.append(row)
+        for one in stacks:
+            under = (one,) if several else ()
+            consts = None if constants_for is None else constants_for(hw, *under)
+            result = plan_sweep(
+                [model],
+                [hw],
+                tokens=tokens,
+                rank_by=rank_by,
+                num_gpus=[num_gpus],
+                global_batch=[global_batch],
+                constants=None if consts is None else (lambda _, c=consts: c),
+                top=1,
+                stack=one,
+                **plan,
+            )
+            best = result.best
+            row = {k: best.get(k) for k in COMPARE_KEYS}
+            if several:
+                row["stack"] = one.name
+            row["strategy"] = strategy_label(best)
+            row["best"] = best
+            rows.append(row)
     return {
         "model": model.name,
         "tokens": tokens,
@@ -104,7 +114,13 @@ def compare_hardware(
 
 def compare_table(doc: dict[str, Any]) -> pd.DataFrame:
     """A :func:`compare_hardware` document as a table (``aisim perf compare --out``): one row
-    per hardware, the :data:`COMPARE_KEYS` and ``strategy`` columns."""
+    per hardware (and stack), the :data:`COMPARE_KEYS`, ``stack`` (with several) and
+    ``strategy`` columns."""
     import pandas as pd
 
-    return pd.DataFrame([{k: r[k] for k in (*COMPARE_KEYS, "strategy")} for r in doc["hardware"]])
+    keys = (*COMPARE_KEYS, *(("stack",) if _several(doc) else ()), "strategy")
+    return pd.DataFrame([{k: r[k] for k in keys} for r in doc["hardware"]])
+
+
+def _several(doc: dict[str, Any]) -> bool:
+    return any("stack" in r for r in doc["hardware"])

@@ -124,13 +124,14 @@ def _scaling_panel(ax, doc: dict) -> None:
 
 
 def plot_compare(doc: dict[str, Any], path: Path) -> None:
-    """One figure: days, cost and energy to train per hardware (bars; unknown ones empty)."""
+    """One figure: days, cost and energy to train per hardware, and stack where the comparison
+    has several (bars; unknown ones empty)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["hardware"] for r in doc["hardware"]]
+    names = [" ".join((r["hardware"], r.get("stack", ""))).strip() for r in doc["hardware"]]
     panels = (
         ("train_days", "days to train", 1.0),
         ("cost_usd", "cost (million USD)", 1e6),

@@ -297,7 +297,9 @@ def load_stack(spec: Any, hardware=None) -> StackPreset | Stack | None:
     if not path.is_file():
         key = stack_preset_name(str(spec))
         if key is None and "," in str(spec):
-            raise bad_value(None, "stack", str(spec), "one stack (a grid takes several)")
+            raise bad_value(
+                None, "stack", str(spec), "one stack (a grid or a comparison takes several)"
+            )
         if key is None:
             raise bad_value(None, "stack", str(spec), "a stack preset or a stack JSON file",
                             hint=suggest(str(spec).strip(), stack_names()).lstrip("; "))  # fmt: skip

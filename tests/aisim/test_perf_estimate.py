@@ -113,7 +113,7 @@ def test_estimate_table_for_people():
         (["--tp", "8", "--pp", "3", "--gpus", "64"], "divisor of --gpus=64"),
         (["--global-batch", "1537"], "--global-batch"),
         (["--model", "gpt-4"], "did you mean"),
-        (["--stack", "nemo,titan"], "one stack (a grid takes several)"),
+        (["--stack", "nemo,titan"], "one stack (a grid or a comparison takes several)"),
         (["--hardware", "a100"], "a100-80gb"),
         (["--recompute", "sometimes"], "none, selective, full"),
         (["--zero", "5"], "one of 0, 1, 2, 3"),  # the stages there are

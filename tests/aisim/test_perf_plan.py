@@ -134,6 +134,31 @@ def test_compare_side_by_side(tmp_path):
     assert r.exit_code == 2 and "--rank-by" in r.output
 
 
+@pytest.mark.slow  # each stack's grid crosses its own choices: about 20 s of compiles
+def test_compare_under_several_stacks_is_each_stack_alone(tmp_path):
+    out = tmp_path / "cmp.csv"
+    base = ("perf", "compare", "--hardware", "h100-sxm", "--model", "gpt3-125m",
+            "--gpus", "8", "--global-batch", "64", "--tokens", "10B", "--no-failures")  # fmt: skip
+    r = run(*base, "--stack", "nemo,titan", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["hardware"]
+    pairs = [(h["hardware"], h["stack"]) for h in rows]
+    assert pairs == [("h100-sxm", "megatron-core@nemo"), ("h100-sxm", "torchtitan")]
+    for name in ("nemo", "titan"):
+        alone = json.loads(run(*base, "--stack", name, "--json").output)["hardware"]
+        assert all("stack" not in h for h in alone)  # one stack: no stack column
+        both = [h for h in rows if h["stack"] == alone[0]["best"]["stack"]]
+        for a, b in zip(alone, both, strict=True):
+            assert (a["hardware"], a["strategy"]) == (b["hardware"], b["strategy"])
+            assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-6)
+    r = run(*base, "--stack", "nemo,titan", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert "stack: best strategy" in r.output and "torchtitan:" in r.output
+    assert list(pd.read_csv(out)["stack"]) == [s for _, s in pairs]
+    r = run(*base, "--stack", "nemo,titan", "--profile", str(out))
+    assert r.exit_code == 2 and "one stack with --profile" in r.output
+
+
 @pytest.mark.slow
 def test_grid_out_has_plan_columns(tmp_path):
     out = tmp_path / "all.csv"
