@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perfmodel.plan.training import plan_sweep
-from perfmodel.search.sweep import strategy_label
+from perfmodel.search.sweep import strategy_label, sweep_stacks
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -76,7 +76,7 @@ def compare_hardware(
     """
     if rank_by not in RANKINGS:
         raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(RANKINGS))
-    stacks = list(stack) if isinstance(stack, list | tuple) else [stack]
+    stacks = sweep_stacks(stack)
     several = len(stacks) > 1
     rows = []
     for hw in hardware:

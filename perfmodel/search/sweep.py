@@ -200,7 +200,7 @@ def sweep(
     grid_knobs = normalise_knobs(knobs)
     gpus_l, batch_l = _sweep_points(num_gpus, global_batch)
     pairs = _pairs(models, hardware)
-    stacks = _stacks(stack)
+    stacks = sweep_stacks(stack)
     requests = [
         _PairRequest(
             gpus_l, batch_l, grid_knobs, gpus_per_node, allow_cross_node_tp, one, constants,
@@ -244,8 +244,9 @@ class _PairRequest:
     several_stacks: bool = False
 
 
-def _stacks(stack) -> list:
-    """The stacks a sweep runs under: one (as given), or each of a list or tuple, loaded."""
+def sweep_stacks(stack) -> list:
+    """The stacks a sweep runs under: one (as given), or each of a list or tuple, loaded (two
+    of one name are an error)."""
     if isinstance(stack, list | tuple):
         loaded = [load_stack(s) for s in stack] or [None]
         names = [getattr(s, "name", None) for s in loaded]

@@ -157,6 +157,8 @@ def test_compare_under_several_stacks_is_each_stack_alone(tmp_path):
     assert list(pd.read_csv(out)["stack"]) == [s for _, s in pairs]
     r = run(*base, "--stack", "nemo,titan", "--profile", str(out))
     assert r.exit_code == 2 and "one stack with --profile" in r.output
+    r = run(*base, "--stack", "nemo,megatron-core@nemo")  # one stack under two names
+    assert r.exit_code == 2 and "different stacks" in r.output
 
 
 @pytest.mark.slow
