@@ -92,12 +92,8 @@ StackOpt = Annotated[
          "name (nemo, megatron-lm, fsdp, ...) or a stack JSON file; its behaviours and recipe "
          "defaults apply where no option says otherwise."),
 ]  # fmt: skip
-StacksOpt = Annotated[
-    str | None,
-    _opt("--stack", panel=PANELS["stack"], help="Software stack(s): preset names, frameworks' "
-         "names (nemo, megatron-lm, fsdp, ...) or stack JSON files, comma-separated; each is "
-         "searched with its own behaviours and recipe defaults."),
-]  # fmt: skip
+StacksOpt = Annotated[str | None, _opt("--stack", panel=PANELS["stack"], help="Software stack(s): "
+    "preset or framework names or JSON files, comma-separated; each searched with its defaults.")]  # fmt: skip
 SetOpt = Annotated[
     Multi,
     _opt("--set", panel=PANELS["stack"], metavar="KNOB=VALUE",
