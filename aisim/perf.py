@@ -55,6 +55,7 @@ from perfmodel.plan.options import plan_options, with_price
 from perfmodel.plan.reports import estimate_document, plan_grid
 from perfmodel.plan.sensitivity import elasticity_table, sensitivity_report
 from perfmodel.search.figures import plot_compare, plot_sweep
+from perfmodel.search.sweep import sweep_stacks
 from perfmodel.search.sweep_grid import grid_lists
 from perfmodel.specs.stack_preset import with_caller_defaults
 from simbase.errors import bad_value
@@ -129,7 +130,7 @@ def estimate_command(
     hardware_file: HardwareFileOpt = None,
     profile: ProfileOpt = None,
     cost_model: CostModelOpt = "aisim",
-    stack: StackOpt = None,
+    stack: StacksOpt = None,
     settings: SetOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
@@ -139,22 +140,24 @@ def estimate_command(
     sensitivity: SensitivityOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Step-time breakdown, throughput, MFU and memory of one strategy."""
+    """Step-time breakdown, throughput, MFU and memory of one strategy, under each --stack."""
     with guard(FLAGS):
         plan = plan_options(tokens, price_per_gpu_hour, utilisation, pue)
         m = _model(model, model_file, params, widths, (layers, hidden, heads, seq_len, vocab))
         hw = with_price(resolve_hardware(hardware, hardware_file), price_per_gpu_hour)
-        preset = load_stack(stack, hw)
-        given = with_settings(knobs, settings)
-        doc = estimate_document(
-            m, hw, run_constants(hw, profile, preset), with_caller_defaults(given, ONE_RUN, preset),
-            cost_model=cost_model, stack=preset, tokens=plan.tokens, failures=failures,
-            sensitivity=sensitivity, given=given, **plan.power(),
-        )  # fmt: skip
+        preset, given = _stacks_of(stack, profile), with_settings(knobs, settings)
+        several = isinstance(preset, list)
+        docs = [
+            estimate_document(m, hw, run_constants(hw, profile, one),
+                with_caller_defaults(given, ONE_RUN, one), cost_model=cost_model, stack=one,
+                tokens=plan.tokens, failures=failures, sensitivity=sensitivity, given=given,
+                **plan.power())
+            for one in (preset if several else [preset])
+        ]  # fmt: skip
         if json_out:
-            print_json(doc)
-            return
-        render.print_estimate(doc)
+            return print_json(docs if several else docs[0])
+        for doc in docs:
+            render.print_estimate(doc)
 
 
 @app.command("grid")
@@ -230,8 +233,7 @@ def grid_command(
 
 
 def _stacks_of(stack: str | None, profile):
-    """``--stack`` of a grid or a comparison: one stack, or several comma-separated (each
-    searched); a calibrated profile belongs to one stack."""
+    """``--stack``: one stack, or a list of several comma-separated (a profile has one)."""
     names = split_list(stack) if stack is not None and "," in stack else None
     if names is None:
         return load_stack(stack)
@@ -239,7 +241,7 @@ def _stacks_of(stack: str | None, profile):
         raise bad_value(
             None, "stack", stack, "one stack with --profile (a profile is fitted under one)"
         )
-    return [load_stack(n) for n in names]
+    return sweep_stacks(names)
 
 
 @app.command("sensitivity")

@@ -298,7 +298,7 @@ def load_stack(spec: Any, hardware=None) -> StackPreset | Stack | None:
         key = stack_preset_name(str(spec))
         if key is None and "," in str(spec):
             raise bad_value(
-                None, "stack", str(spec), "one stack (a grid or a comparison takes several)"
+                None, "stack", str(spec), "one stack (perf estimate, grid and compare take several)"
             )
         if key is None:
             raise bad_value(None, "stack", str(spec), "a stack preset or a stack JSON file",

@@ -106,6 +106,26 @@ def test_estimate_table_for_people():
     assert "step time" in r.output and "MFU" in r.output
 
 
+@pytest.mark.slow  # two stacks: two step programs
+def test_an_estimate_under_several_stacks_is_each_stack_alone():
+    base = ("perf", "estimate", "--model", "gpt3-1.3b", "--gpus", "8", "--tp", "2",
+            "--global-batch", "64")  # fmt: skip
+    r = run(*base, "--stack", "nemo,titan", "--json")
+    assert r.exit_code == 0, r.output
+    docs = json.loads(r.output)
+    assert [d["stack"] for d in docs] == ["megatron-core@nemo", "torchtitan"]
+    for name, doc in zip(("nemo", "titan"), docs, strict=True):
+        alone = json.loads(run(*base, "--stack", name, "--json").output)
+        assert alone["step_time_s"] == pytest.approx(doc["step_time_s"], rel=1e-6)
+        assert alone["memory"]["total_bytes"] == pytest.approx(doc["memory"]["total_bytes"])
+    r = run(*base, "--stack", "nemo,titan")
+    assert r.exit_code == 0, r.output
+    titles = [ln for ln in r.output.splitlines() if ln.startswith("gpt3-1.3b on 8 x a100-80gb")]
+    assert [t.split("stack=")[1].split()[0] for t in titles] == ["megatron-core@nemo", "torchtitan"]
+    r = run("perf", "sensitivity", "--stack", "nemo,titan")
+    assert r.exit_code == 2 and "perf estimate, grid and compare take several" in r.output
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -113,7 +133,7 @@ def test_estimate_table_for_people():
         (["--tp", "8", "--pp", "3", "--gpus", "64"], "divisor of --gpus=64"),
         (["--global-batch", "1537"], "--global-batch"),
         (["--model", "gpt-4"], "did you mean"),
-        (["--stack", "nemo,titan"], "one stack (a grid or a comparison takes several)"),
+        (["--stack", "nemo,megatron-core@nemo"], "different stacks"),
         (["--hardware", "a100"], "a100-80gb"),
         (["--recompute", "sometimes"], "none, selective, full"),
         (["--zero", "5"], "one of 0, 1, 2, 3"),  # the stages there are
