@@ -235,8 +235,8 @@ def grid_command(
 def _stacks_of(stack: str | None, profile):
     """``--stack``: one stack, or a list of several comma-separated (a profile has one)."""
     names = split_list(stack) if stack is not None and "," in stack else None
-    if names is None:
-        return load_stack(stack)
+    if names is None or len(names) == 1:  # "nemo," is one stack
+        return load_stack(names[0] if names else stack)
     if profile is not None:
         raise bad_value(
             None, "stack", stack, "one stack with --profile (a profile is fitted under one)"
@@ -309,8 +309,7 @@ def compare_command(
     out: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Hardware side by side: each one's best strategy, time, cost and energy to train (under
-    each stack, where --stack names several)."""
+    """Hardware side by side: each one's best strategy, time, cost, energy; under each --stack."""
     with guard(FLAGS):
         check_table_suffix(out)
         _check_png(plot)

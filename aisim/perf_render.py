@@ -12,6 +12,7 @@ from rich.table import Table
 from aisim.console import COMPACT, console, err_console, fitted_table, print_table
 from aisim.options import FLAGS
 from perfmodel import BREAKDOWN_TERMS, SweepResult, strategy_label
+from perfmodel.plan.compare import several_stacks
 from perfmodel.plan.sensitivity import plain_name
 from perfmodel.specs.knobs import STACK_KNOBS
 from simbase import units
@@ -437,7 +438,7 @@ def print_compare(doc: dict[str, Any]) -> None:
         title=f"{doc['model']}, {format_count(doc['tokens'])} tokens on {doc['num_gpus']} GPUs "
         f"(global batch {doc['global_batch_size']}, best by {doc['rank_by']})"
     )
-    several = any("stack" in r for r in doc["hardware"])  # named only when it varies
+    several = several_stacks(doc)  # named only when it varies
     head = ("hardware", "stack: best strategy" if several else "best strategy")
     for h in (*head, "step s", "tokens/s", "MFU", "days", "GPU-h"):
         t.add_column(h, justify="left" if h in head else "right")

@@ -118,9 +118,11 @@ def compare_table(doc: dict[str, Any]) -> pd.DataFrame:
     ``strategy`` columns."""
     import pandas as pd
 
-    keys = (*COMPARE_KEYS, *(("stack",) if _several(doc) else ()), "strategy")
+    keys = (*COMPARE_KEYS, *(("stack",) if several_stacks(doc) else ()), "strategy")
     return pd.DataFrame([{k: r[k] for k in keys} for r in doc["hardware"]])
 
 
-def _several(doc: dict[str, Any]) -> bool:
+def several_stacks(doc: dict[str, Any]) -> bool:
+    """Whether a :func:`compare_hardware` document compares several stacks (its rows name
+    theirs)."""
     return any("stack" in r for r in doc["hardware"])
