@@ -60,8 +60,8 @@ from perfmodel.specs.model import (
     model_preset_name,
     with_overrides,
 )
-from perfmodel.specs.stack_preset import load_stack
-from perfmodel.specs.strategy import Strategy
+from perfmodel.specs.stack_preset import StackPreset, load_stack, program_key, shared_program
+from perfmodel.specs.strategy import Strategy, leaves_of
 from perfmodel.specs.validate import strategy_candidates
 from perfmodel.step.step_time import step_time
 from simbase.errors import AisimError
@@ -485,18 +485,25 @@ def predict_runs(
 ) -> list[dict[str, float]]:
     """:func:`predict_run` of every run, one compiled program per group of runs that share a
     model structure and a stack (what shapes the program: the hardware and the constants are
-    arguments of each run), each group padded to a power of two so that subsets of the runs
-    reuse the programs."""
+    arguments of each run; the behaviours a preset's rules chose per run are traced, so the
+    runs of one preset share a program: :func:`~perfmodel.specs.stack_preset.program_key`),
+    each group padded to a power of two so that subsets of the runs reuse the programs."""
     if not runs:
         return []
     groups: dict[tuple, list[int]] = {}
+    rules: dict[str, tuple] = {}
     for i, r in enumerate(runs):
         spec = r.model.spec
-        groups.setdefault((spec.kind, spec.moe, spec.mla, r.strategy.stack), []).append(i)
+        if r.stack not in rules:
+            preset = load_stack(r.stack)
+            rules[r.stack] = preset.rules if isinstance(preset, StackPreset) else ()
+        key = program_key(r.strategy.stack, rules[r.stack], leaves_of(r.strategy))
+        groups.setdefault((spec.kind, spec.moe, spec.mla, key), []).append(i)
     flat: dict[int, Any] = {}
-    for idx in groups.values():
+    for (*_, key), idx in groups.items():
         padded = padded_to_power_of_two(idx)
         scope = functools.reduce(lambda a, b: a | b, (runs[i].strategy.scope for i in idx))
+        program = shared_program(key, [runs[i].strategy.stack for i in idx])
         consts = [
             shipped_constants(runs[i])
             if constants is None
@@ -507,7 +514,9 @@ def predict_runs(
             stack_rows([runs[i].model.spec for i in padded]),
             stack_rows([runs[i].hardware.spec for i in padded]),
             stack_rows(consts),
-            stack_rows([dataclasses.replace(runs[i].strategy, scope=scope) for i in padded]),
+            stack_rows(
+                [dataclasses.replace(runs[i].strategy, scope=scope, stack=program) for i in padded]
+            ),
         )
         bd = jax.tree.map(np.asarray, bd)
         for j, i in enumerate(idx):

@@ -11,6 +11,7 @@ reads a file or prints.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,11 +23,12 @@ from perfmodel.plan.uncertainty import (
     ConstantsCovariance,
     interval_fields,
     prediction_intervals,
-    row_intervals,
+    strategies_intervals,
 )
 from perfmodel.search.sweep import SweepResult, search_of
 from perfmodel.specs.constants import Constants
 from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.strategy import strategy_from_row
 from perfmodel.step.cost_models import select_step_fn
 from simbase.io import significant
 
@@ -107,18 +109,30 @@ def annotate_sweep(
     ``constants_for`` and ``cov_for`` also get the row's stack."""
     several = result.several_stacks
     step_fn = select_step_fn(cost_model)
+    # the rows of one pair whose stacks share a program (StrategyGrid.program_of) get their
+    # intervals from one compiled program
+    groups: dict[tuple, list] = {}
     for row in reported_rows(result):
         pair = search_of(result, row)
+        s = strategy_from_row(row)
+        s = dataclasses.replace(s, stack=pair.result.grid.program_of(s.stack))
+        groups.setdefault((id(pair), s.stack, s.scope), []).append((pair, row, s))
+    for members in groups.values():
+        pair = members[0][0]
         hw = with_price(pair.hardware, price_per_gpu_hour_usd)
         under = (pair.stack,) if several else ()
         cov = cov_for(hw, *under)
         if cov is None:
             continue
         consts = constants_for(hw, *under)
-        intervals = row_intervals(pair.model.spec, hw.spec, consts, row, cov, step_fn=step_fn)
-        row.update(interval_fields(intervals))
-        if tokens is not None:
-            add_plan(
-                row, hw, tokens, utilisation_factor=utilisation_factor, pue=pue,
-                failures=failures, dof=cov.dof,
-            )  # fmt: skip
+        strategies = [s for _, _, s in members]
+        each = strategies_intervals(
+            pair.model.spec, hw.spec, consts, strategies, cov, step_fn=step_fn
+        )
+        for (_, row, _), intervals in zip(members, each, strict=True):
+            row.update(interval_fields(intervals))
+            if tokens is not None:
+                add_plan(
+                    row, hw, tokens, utilisation_factor=utilisation_factor, pue=pue,
+                    failures=failures, dof=cov.dof,
+                )  # fmt: skip

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from perfmodel.search.evaluate import fast_jit, padded_to_power_of_two, stack_rows
 from perfmodel.specs.constants import TIER_KEYS, Constants
-from perfmodel.specs.strategy import strategy_from_row
 from perfmodel.step.step_time import step_time
 from simbase.errors import bad_value
 
@@ -120,6 +120,17 @@ def with_entries(c: Constants, entries: tuple[str, ...], x: Float[Array, " p"]) 
     return Constants(**values)
 
 
+def _log_gradient_and_step(m, hw, c: Constants, s, entries: tuple[str, ...], step_fn):
+    """(``∂ log t / ∂ x``, the step's breakdown) of one strategy, from one forward-mode pass."""
+    x0 = entry_values(c, entries)
+
+    def log_t(x):
+        out = step_fn(m, hw, with_entries(c, entries, x), s)
+        return jnp.log(out.step_time_s), out
+
+    return jax.jacfwd(log_t, has_aux=True)(x0)
+
+
 @functools.partial(jax.jit, static_argnames=("entries", "step_fn"))
 def log_step_gradient(m, hw, c: Constants, s, entries: tuple[str, ...], step_fn=step_time):
     """``∂ log t / ∂ x``: the log step time's gradient with respect to the covaried constants
@@ -128,12 +139,15 @@ def log_step_gradient(m, hw, c: Constants, s, entries: tuple[str, ...], step_fn=
     Returns:
       shape ``(p,)``, in the order of ``entries``.
     """
-    x0 = entry_values(c, entries)
+    return _log_gradient_and_step(m, hw, c, s, entries, step_fn)[0]
 
-    def log_t(x):
-        return jnp.log(step_fn(m, hw, with_entries(c, entries, x), s).step_time_s)
 
-    return jax.jacfwd(log_t)(x0)
+def _batched_gradients(m, hw, c, s, entries, step_fn):
+    return jax.vmap(lambda one: _log_gradient_and_step(m, hw, c, one, entries, step_fn))(s)
+
+
+# a short program over a few rows: compiled for a fast start (perfmodel.search.evaluate)
+_gradients = fast_jit(_batched_gradients, static_argnames=("entries", "step_fn"))
 
 
 def t_quantile(level: float, dof: int) -> float:
@@ -199,16 +213,34 @@ def prediction_intervals(
     Returns:
       ``{key: Interval}``.
     """
-    out = jax.jit(step_fn)(m, hw, c, s)
-    g = np.asarray(log_step_gradient(m, hw, c, s, tuple(cov.entries), step_fn=step_fn))
-    if not np.all(np.isfinite(g)):
-        return {}
-    t = log_interval(float(out.step_time_s), g, cov, level)
-    result = {"step_time_s": t}
-    for k in RATE_KEYS:
-        v = float(getattr(out, k))
-        result[k] = dataclasses.replace(t, value=v, lo=v * t.value / t.hi, hi=v * t.value / t.lo)
-    return result
+    return strategies_intervals(m, hw, c, [s], cov, level=level, step_fn=step_fn)[0]
+
+
+def strategies_intervals(
+    m, hw, c: Constants, strategies: list, cov: ConstantsCovariance, *, level=DEFAULT_LEVEL,
+    step_fn=step_time,
+) -> list[dict[str, Interval]]:  # fmt: skip
+    """:func:`prediction_intervals` of several strategies of one stack and scope (one static
+    structure) in one compiled program, padded to a power of two rows so that the program
+    serves any similar number of rows."""
+    rows = padded_to_power_of_two(list(strategies))
+    grads, outs = _gradients(m, hw, c, stack_rows(rows), tuple(cov.entries), step_fn=step_fn)
+    grads, outs = np.asarray(grads), jax.tree.map(np.asarray, outs)
+    results = []
+    for i in range(len(strategies)):
+        g = grads[i]
+        if not np.all(np.isfinite(g)):
+            results.append({})
+            continue
+        t = log_interval(float(outs.step_time_s[i]), g, cov, level)
+        result = {"step_time_s": t}
+        for k in RATE_KEYS:
+            v = float(getattr(outs, k)[i])
+            result[k] = dataclasses.replace(
+                t, value=v, lo=v * t.value / t.hi, hi=v * t.value / t.lo
+            )
+        results.append(result)
+    return results
 
 
 def interval_fields(intervals: dict[str, Interval]) -> dict[str, Any]:
@@ -224,19 +256,3 @@ def interval_fields(intervals: dict[str, Interval]) -> dict[str, Any]:
     doc["step_time_sd_log"] = st.sd_log
     doc["step_time_param_sd_log"] = st.param_sd_log
     return doc
-
-
-def row_intervals(
-    m,
-    hw,
-    c: Constants,
-    row: dict,
-    cov: ConstantsCovariance,
-    *,
-    level=DEFAULT_LEVEL,
-    step_fn=step_time,
-) -> dict[str, Interval]:
-    """:func:`prediction_intervals` of the strategy of one result row (a grid's ``top`` entry:
-    its knobs by registry name)."""
-    s = strategy_from_row(row)
-    return prediction_intervals(m, hw, c, s, cov, level=level, step_fn=step_fn)

@@ -5,7 +5,10 @@ Contract: :func:`enumerate_strategies` crosses one knob at a time into a table o
 rule pruned (:attr:`StrategyGrid.rejected`). The software-stack knobs are not columns: each
 combination of the stack values asked for is one :class:`~perfmodel.specs.stack.Stack`, a sweep
 point compiled on its own, and its rows are those where its values matter
-(:attr:`perfmodel.specs.knobs.Knob.applies`) and are allowed (``requires``). Memory is not
+(:attr:`perfmodel.specs.knobs.Knob.applies`) and are allowed (``requires``). The stacks a preset's
+rules give different rows (torchtitan's FSDP policy with and without pipelining) share one
+program (:meth:`StrategyGrid.by_program`): the rules become traced selects on each row's knobs,
+so a preset with four such rules compiles once, not up to sixteen times. Memory is not
 judged here: the step model masks the strategies that do not fit. A bad knob value raises
 :class:`~simbase.errors.AisimError` with ``source=None`` and the knob's registry name as
 ``field``.
@@ -24,7 +27,13 @@ import numpy as np
 from perfmodel.specs.choices import RECOMPUTE_ALIASES, Dtype, Recompute, Schedule, ZeroStage
 from perfmodel.specs.knobs import BY_NAME, LEAF_KNOBS, STACK_KNOBS, canonical
 from perfmodel.specs.stack import Stack
-from perfmodel.specs.stack_preset import AUTO, StackPreset
+from perfmodel.specs.stack_preset import (
+    AUTO,
+    TRACED_BEHAVIOURS,
+    StackPreset,
+    program_key,
+    shared_program,
+)
 from perfmodel.specs.strategy import Strategy, leaf_codes, stack_strategies
 from perfmodel.step.recompute import selective_redoes_nothing
 from simbase.errors import bad_value
@@ -45,12 +54,16 @@ class StrategyGrid:
         placement rules; memory is judged later, by the step model).
       lifted_by: reason -> the :func:`enumerate_strategies` argument that lifts the rule (for
         example ``allow_cross_node_tp``), so that a front end can say what to pass.
+      rules: for each stack, the preset rules that chose its behaviours row by row (those
+        :func:`perfmodel.step.select.behaviour` can trace; empty: none), by which stacks of
+        one preset share a program (:meth:`by_program`).
     """
 
     columns: dict[str, np.ndarray]
     rejected: dict[str, int]
     lifted_by: dict[str, str] = dataclasses.field(default_factory=dict)
     stacks: tuple = (Stack(),)
+    rules: tuple = ()
 
     def __len__(self) -> int:
         return len(self.columns["dp"])
@@ -64,6 +77,37 @@ class StrategyGrid:
         """(stack index, the rows of that stack) for each stack that has rows."""
         ids = self.stack_ids()
         return [(i, np.flatnonzero(ids == i)) for i in range(len(self.stacks)) if (ids == i).any()]
+
+    def program_of(self, stack):
+        """A program stack that evaluates any row of the grid's ``stack`` (the stack itself
+        where it is not one of the grid's or no rule chose it): every behaviour its preset's
+        rules chose per row held as the rule (:func:`~perfmodel.specs.stack_preset.
+        program_key`)."""
+        if stack not in self.stacks or not self.rules:
+            return stack
+        return program_key(stack, self.rules[self.stacks.index(stack)])
+
+    def by_program(self) -> list[tuple[Any, np.ndarray]]:
+        """(program stack, its rows) for each compiled program the grid needs: the stacks that
+        differ only in behaviours their preset's rules chose row by row share one, whose
+        stack holds each such behaviour as the rule (traced per row) where its stacks differ
+        and as their common value where they do not."""
+        groups: dict[Any, list[int]] = {}
+        for i, _ in self.by_stack():
+            groups.setdefault(self.program_of(self.stacks[i]), []).append(i)
+        ids = self.stack_ids()
+        return [
+            (
+                shared_program(key, [self.stacks[i] for i in members]),
+                np.flatnonzero(np.isin(ids, members)),
+            )
+            for key, members in groups.items()
+        ]
+
+    def program_strategy(self, program) -> Strategy:
+        """The whole grid as one struct-of-arrays strategy under the ``program`` stack (one of
+        :meth:`by_program`'s, for the rows it lists)."""
+        return stack_strategies({k: self.columns[k] for k in LEAF_NAMES}, program)
 
     def strategy(self) -> Strategy:
         """The grid as a :class:`~perfmodel.specs.strategy.Strategy` whose leaves have shape
@@ -84,15 +128,17 @@ def concat_grids(grids: list[StrategyGrid]) -> StrategyGrid:
     rejected: dict[str, int] = {}
     lifted_by: dict[str, str] = {}
     stacks: list = []
+    rules: list = []
     cols: dict[str, list[np.ndarray]] = {k: [] for k in (*LEAF_NAMES, "stack_id")}
     for g in grids:
         for k, v in g.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
         lifted_by.update(g.lifted_by)
         remap = []
-        for st in g.stacks:
+        for i, st in enumerate(g.stacks):
             if st not in stacks:
                 stacks.append(st)
+                rules.append(g.rules[i] if g.rules else ())
             remap.append(stacks.index(st))
         for k in LEAF_NAMES:
             cols[k].append(g.columns[k])
@@ -101,7 +147,7 @@ def concat_grids(grids: list[StrategyGrid]) -> StrategyGrid:
         k: np.concatenate(v).astype(np.float32) if v else np.zeros(0, np.float32)
         for k, v in cols.items()
     }
-    return StrategyGrid(out, rejected, lifted_by, tuple(stacks) or (Stack(),))
+    return StrategyGrid(out, rejected, lifted_by, tuple(stacks) or (Stack(),), tuple(rules))
 
 
 def divisors(n: int) -> np.ndarray:
@@ -559,8 +605,8 @@ def enumerate_strategies(
         v, num_gpus, global_batch_size, num_layers, num_heads, num_kv_heads, gpus_per_node,
         allow_cross_node_tp, supported_dtypes, num_experts, seq_len,
     )  # fmt: skip
-    stacks, parts = _stack_parts(rows, rejected, v, base, preset, r_codes)
-    return _strategy_grid(stacks, parts, rejected, gpus_per_node)
+    stacks, parts, rules = _stack_parts(rows, rejected, v, base, preset, r_codes)
+    return dataclasses.replace(_strategy_grid(stacks, parts, rejected, gpus_per_node), rules=rules)
 
 
 def _requested(knobs: dict[str, Any], global_batch_size, stack):
@@ -615,9 +661,10 @@ def _cross_axes(
     return rows, rejected, r_codes
 
 
-def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, list[Rows]]:
-    """Each stack of the grid and its rows: the preset's groups of rows (its behaviours that
-    depend on the strategy), each crossed with the stack values asked for."""
+def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, list[Rows], tuple]:
+    """Each stack of the grid, its rows and the preset rules that chose its behaviours per row
+    (those the step function can trace and the caller did not list values for): the preset's
+    groups of rows, each crossed with the stack values asked for."""
     groups = [(base, rows)]
     if preset is not None:  # the preset's behaviours that depend on the strategy
         groups = [(st, {k: c[m] for k, c in rows.items()}) for st, m in preset.partition(rows)]
@@ -628,7 +675,10 @@ def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, 
             parts.append(_rows_of_stack(group_rows, rejected, st, group_base, v, r_codes))
     if not parts:  # every row was pruned (the preset's groups are empty): an empty grid
         stacks, parts = [base], [rows]
-    return stacks, parts
+    traced = ()
+    if preset is not None:
+        traced = tuple(r for r in preset.rules if r.knob in TRACED_BEHAVIOURS and not v.get(r.knob))
+    return stacks, parts, (traced,) * len(stacks)
 
 
 def _strategy_grid(stacks: list, parts: list[Rows], rejected, gpus_per_node) -> StrategyGrid:

@@ -211,7 +211,24 @@ class SearchResult:
 def _frame(grid: StrategyGrid, host_out, idx: np.ndarray, keep: np.ndarray) -> pd.DataFrame:
     keep = np.asarray(keep, bool)
     sub = jax.tree.map(lambda a: np.asarray(a)[keep], host_out)
-    return results_frame(grid.take(np.asarray(idx)[keep].astype(np.int64)).strategy(), sub)
+    return stack_results_frame(grid.take(np.asarray(idx)[keep].astype(np.int64)), sub)
+
+
+def stack_results_frame(grid: StrategyGrid, out) -> pd.DataFrame:
+    """:func:`~perfmodel.search.report.results_frame` of a grid's rows and their breakdown
+    (host arrays, one per row), each row labelled with its own stack (a program may have
+    evaluated the rows of several)."""
+    groups = grid.by_stack()
+    if len(groups) <= 1:
+        return results_frame(grid.strategy(), out)
+    import pandas as pd
+
+    frames = [
+        results_frame(grid.take(rows).strategy(), jax.tree.map(lambda a, r=rows: a[r], out))
+        for _, rows in groups
+    ]
+    order = np.argsort(np.concatenate([rows for _, rows in groups]), kind="stable")
+    return pd.concat(frames, ignore_index=True).iloc[order].reset_index(drop=True)
 
 
 def search(
@@ -247,14 +264,15 @@ def search(
     """
     if rank_by not in RANK_KEYS:
         raise bad_value(None, "rank_by", rank_by, "one of " + ", ".join(RANK_KEYS))
-    groups = grid.by_stack()
-    if len(groups) > 1:
+    programs = grid.by_program()
+    if len(programs) > 1:
         parts = [
-            _search_stack(m, hw, c, grid.take(rows), step_fn, k, rank_by, front_size)
-            for _, rows in groups
+            _search_stack(m, hw, c, grid.take(rows), program, step_fn, k, rank_by, front_size)
+            for program, rows in programs
         ]
         return merge_results(parts, grid, k, rank_by)
-    return _search_stack(m, hw, c, grid, step_fn, k, rank_by, front_size)
+    program = programs[0][0] if programs else grid.stacks[0]
+    return _search_stack(m, hw, c, grid, program, step_fn, k, rank_by, front_size)
 
 
 def merge_results(parts: list[SearchResult], grid: StrategyGrid, k: int, rank_by: str):
@@ -295,8 +313,11 @@ def merge_results(parts: list[SearchResult], grid: StrategyGrid, k: int, rank_by
     )
 
 
-def _search_stack(m, hw, c, grid: StrategyGrid, step_fn, k, rank_by, front_size) -> SearchResult:
-    """:func:`search` of a grid of one stack: one jitted evaluation and reduction."""
+def _search_stack(
+    m, hw, c, grid: StrategyGrid, program, step_fn, k, rank_by, front_size
+) -> SearchResult:
+    """:func:`search` of the rows of one program (:meth:`StrategyGrid.by_program`): one jitted
+    evaluation and reduction."""
     n = len(grid)
     if n == 0:
         import pandas as pd  # here and in the tables below: not before the program compiles
@@ -322,7 +343,7 @@ def _search_stack(m, hw, c, grid: StrategyGrid, step_fn, k, rank_by, front_size)
         m,
         hw,
         c,
-        grid.strategy(),
+        grid.program_strategy(program),
         step_fn=step_fn,
         min_rows=rows,
         reduce=reduce,
@@ -338,7 +359,7 @@ def _search_stack(m, hw, c, grid: StrategyGrid, step_fn, k, rank_by, front_size)
 
     def frame(j, keep):
         rows_j = np.arange(sizes[j], sizes[j + 1])[np.asarray(keep, bool)]
-        return results_frame(sub.take(rows_j).strategy(), jax.tree.map(lambda a: a[rows_j], out))
+        return stack_results_frame(sub.take(rows_j), jax.tree.map(lambda a: a[rows_j], out))
 
     top = frame(0, np.isfinite(res["top_val"]))
     best = frame(1, res["best_idx"] < n)
@@ -379,10 +400,10 @@ def feasible_frame(
     if len(grid) == 0:
         return pd.DataFrame()
     frames = []
-    for _, rows in grid.by_stack():
+    for program, rows in grid.by_program():
         sub = grid.take(rows)
         out = evaluate_grid(
-            m, hw, c, sub.strategy(), step_fn=step_fn, min_rows=bucket_rows(len(sub))
+            m, hw, c, sub.program_strategy(program), step_fn=step_fn, min_rows=bucket_rows(len(sub))
         )
         out = jax.tree.map(_to_host, out)
         frames.append(_frame(sub, out, np.arange(len(sub)), np.asarray(out.feasible) > 0))

@@ -89,6 +89,9 @@ class Knob:
         what the physics uses.
       model_default: the model preset's attribute that gives the knob's value where neither
         the caller nor a software stack does (the attention kernel a model's runs used).
+      traced: a stack behaviour the step function reads only through
+        :func:`perfmodel.step.select.behaviour`, so one compiled program may evaluate rows that
+        a preset's rules give different values of it (the others are Python branches).
     """
 
     name: str
@@ -110,6 +113,7 @@ class Knob:
     auto_rule: str = ""
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     model_default: str = ""
+    traced: bool = False
 
     @property
     def option(self) -> str:
@@ -369,6 +373,7 @@ KNOBS: tuple[Knob, ...] = (
         "Overlap the data-parallel gradient reduction with the backward pass.",
         aliases=("overlap_grad_reduce",),
         tag=lambda r, short: "" if r["dp_overlap"] else ("no-ovl" if short else "no-overlap"),
+        traced=True,
     ),
     Knob(
         "fused_attention", "stack", bool, False,
@@ -389,17 +394,18 @@ KNOBS: tuple[Knob, ...] = (
         "eager", "stack", bool, False,
         "PyTorch eager mode (no torch.compile): norms, RoPE, SwiGLU and residual adds as separate "
         "kernels with fp32 upcasts.", tag=lambda r, short: "eager" if r["eager"] else "",
+        traced=True,
     ),
     Knob(
         "logit_bytes", "stack", float, 4.0,
         "Bytes per logit the loss holds at its peak: 4 for a fused fp32 softmax cross-entropy "
         "(Megatron), 12 unfused (torchtitan), 16 for PyTorch's loss_parallel under TP.",
-        minimum=0.25, maximum=64.0,
+        minimum=0.25, maximum=64.0, traced=True,
     ),
     Knob(
         "tp_overlap", "stack", bool, False,
         "Overlap tensor-parallel communication with the GEMMs (Transformer Engine userbuffers).",
-        aliases=("tp_comm_overlap",), applies=lambda k: k["tp"] > 1,
+        aliases=("tp_comm_overlap",), applies=lambda k: k["tp"] > 1, traced=True,
     ),
     Knob(
         "grad_reduce_fp32", "stack", GRAD_REDUCE_WORDS, None,
@@ -418,13 +424,13 @@ KNOBS: tuple[Knob, ...] = (
         "fsdp_reshard", "stack", bool, True,
         "ZeRO-3/FSDP: free gathered parameters after the forward (gathered again for the "
         "backward).", flag="--reshard-after-forward", aliases=("reshard_after_forward",),
-        applies=_needs_zero3,
+        applies=_needs_zero3, traced=True,
     ),
     Knob(
         "fsdp_step_gather", "stack", bool, False,
         "ZeRO-3/FSDP: keep parameters gathered and gradients unreduced across the step's "
         "microbatches (PyTorch pipelining).",
-        requires=(_needs_zero3, "off unless zero_stage is 3 (FSDP)"),
+        requires=(_needs_zero3, "off unless zero_stage is 3 (FSDP)"), traced=True,
     ),
     Knob(
         "fsdp_fp32_params", "stack", bool, False,
@@ -432,6 +438,7 @@ KNOBS: tuple[Knob, ...] = (
         "(PyTorch FSDP/FSDP2 mixed precision).",
         requires=(lambda k: _needs_zero3(k) & (k["param_remainders"] == 0),
                   "off unless zero_stage is 3 (FSDP) without param_remainders"),
+        traced=True,
     ),
     Knob(
         "recompute_modules", "stack", RecomputeModule, 0,
@@ -439,7 +446,7 @@ KNOBS: tuple[Knob, ...] = (
         "(layernorm, moe_act, mlp, mla_up_proj; or torchtitan's per_op).",
         requires=(lambda k: k["recompute"] == Recompute.SELECTIVE,
                   "none unless recompute is selective (they refine selective recomputation)"),
-        metavar="MODULES",
+        metavar="MODULES", traced=True,
     ),
     Knob(
         "moe_dispatch", "stack", MoeDispatch, MoeDispatch.ALLTOALL,
@@ -467,7 +474,7 @@ KNOBS: tuple[Knob, ...] = (
         "dp_bucket_size", "stack", float, 0.0,
         "Parameters per data-parallel collective (ZeRO gathers, gradient reductions): 0 = one "
         "per layer (FSDP's per-block units); DeepSpeed buckets by its reduce/prefetch sizes.",
-        aliases=("reduce_bucket_size", "ddp_bucket_size"), minimum=0.0, maximum=1e12,
+        aliases=("reduce_bucket_size", "ddp_bucket_size"), minimum=0.0, maximum=1e12, traced=True,
     ),
 )  # fmt: skip
 

@@ -46,7 +46,7 @@ STACK_SCHEMA = "aisim.stack/1"
 AUTO = "auto"
 # the key of a constants block that holds the carried-over scatter, not a hardware preset's fit
 CARRIED = "carried_over"
-_OPS = {
+OPERATORS = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
     ">": operator.gt, "<": operator.lt,
 }  # fmt: skip
@@ -64,7 +64,7 @@ class Condition:
         """Whether it holds for knob codes (scalars: a bool; numpy columns: a mask)."""
         out: Any = True
         for knob, op, code in self.tests:
-            out = out & _OPS[op](np.asarray(codes[knob], np.float64), code)
+            out = out & OPERATORS[op](np.asarray(codes[knob], np.float64), code)
         return out
 
     def text(self) -> str:
@@ -100,6 +100,39 @@ class Rule:
             if cond is None or bool(cond.holds(codes)):
                 return value
         raise AssertionError("the last case always holds")
+
+
+# the behaviours a program may hold as a rule traced per row (the registry's ``traced`` knobs)
+TRACED_BEHAVIOURS = frozenset(k.name for k in STACK_KNOBS if k.traced)
+
+
+def program_key(stack: Stack, rules: tuple[Rule, ...], codes: Mapping[str, Any] | None = None):
+    """What a compiled program for several stacks of one preset holds in place of ``stack``:
+    each behaviour one of ``rules`` chose and the step function can trace, as the rule. With
+    the strategy's knob ``codes``, only where the rule gives ``stack``'s own value (a value
+    the user set stays fixed); without, the caller vouches for it. Stacks with equal keys can
+    share a program (:func:`shared_program`)."""
+    traced = {
+        r.knob: r
+        for r in rules
+        if r.knob in TRACED_BEHAVIOURS
+        and (codes is None or r.value(codes) == getattr(stack, r.knob))
+    }
+    return dataclasses.replace(stack, **traced) if traced else stack
+
+
+def shared_program(key: Stack, stacks: list[Stack]) -> Stack:
+    """The stack of one program for ``stacks`` (all with the :func:`program_key` ``key``): a
+    behaviour is the key's rule where the stacks differ in it, their common value elsewhere
+    (nothing to trace)."""
+    if len(set(stacks)) == 1:
+        return stacks[0]
+    differ = {
+        f.name: getattr(key, f.name)
+        for f in dataclasses.fields(key)
+        if len({getattr(st, f.name) for st in stacks}) > 1
+    }
+    return dataclasses.replace(stacks[0], **differ)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -30,7 +31,7 @@ from perfmodel.step.memory import (
 )
 from perfmodel.step.moe import moe_traffic
 from perfmodel.step.recipes import stack_recipe
-from perfmodel.step.select import where
+from perfmodel.step.select import behaviour, both, is_off, where
 from perfmodel.step.torch_ring import FP32_BYTES, torch_ring_kv_elements
 
 
@@ -285,7 +286,7 @@ class _DpPasses(NamedTuple):
     per_mb: Float[Array, ""]  # gradient reduce-scatters per step
     gathers: float  # ZeRO-3's all-gathers per microbatch: 2 when resharded after the forward
     microbatches: Float[Array, ""]
-    bucket: float  # parameters per collective (0: one per layer)
+    bucket: Float[Array, ""] | float  # parameters per collective (0: one per layer)
 
 
 def _gathered_bytes_per_param(s: Strategy):
@@ -309,11 +310,11 @@ def _gathered_bytes_per_param(s: Strategy):
 
 def _dp_passes(s: Strategy) -> _DpPasses:
     """The passes of :func:`dp_comm` (its docstring) for the strategy's ZeRO stage and stack."""
-    mem, stack = s.memory, s.stack
+    mem = s.memory
     mb = s.batching.num_microbatches
     zero3 = mem.zero_stage == ZeroStage.PARAMETERS
     # FSDP's step gather: one all-gather and one reduce-scatter per step, not per microbatch
-    step_gather = zero3 & stack.fsdp_step_gather
+    step_gather = both(zero3, behaviour(s, "fsdp_step_gather"))
     return _DpPasses(
         w_b=_gathered_bytes_per_param(s),
         g_b=grad_bytes_per_param(s),
@@ -321,21 +322,28 @@ def _dp_passes(s: Strategy) -> _DpPasses:
         zero3=zero3,
         step_gather=step_gather,
         per_mb=where(mem.zero_stage >= ZeroStage.GRADIENTS, where(step_gather, 1.0, mb), 1.0),
-        gathers=2.0 if stack.fsdp_reshard else 1.0,
+        gathers=behaviour(s, "fsdp_reshard", lambda v: 2.0 if v else 1.0),
         microbatches=mb,
-        bucket=float(stack.dp_bucket_size),
+        bucket=behaviour(s, "dp_bucket_size", float),
     )
+
+
+def _collectives(bucket, params, num_layers):
+    """Collectives a pass is issued in: one per layer (FSDP's per-block units; bucket 0) or
+    one per bucket of the stack's size (a traced bucket where a program's rows differ)."""
+    if not isinstance(bucket, jax.Array):
+        if bucket <= 0.0:
+            return jnp.maximum(num_layers, 1.0)
+        return jnp.maximum(jnp.ceil(params / bucket), 1.0)
+    per_bucket = jnp.maximum(jnp.ceil(params / jnp.maximum(bucket, 1.0)), 1.0)
+    return where(bucket > 0.0, per_bucket, jnp.maximum(num_layers, 1.0))
 
 
 def _dp_traffic(hw, c, lay: Layout, ps: _DpPasses, num_layers, params, group, stride, replicas):
     """(hideable, exposed) seconds of one parameter set's data-parallel traffic over a group of
     ``group`` ranks ``stride`` apart, with ``replicas`` HSDP replicas of each shard group."""
     k, intra, inter = _group_links(hw, c, lay, group, stride)
-    # one collective per layer (FSDP's per-block units), or per bucket of the stack's size
-    if ps.bucket <= 0.0:
-        n = jnp.maximum(num_layers, 1.0)
-    else:
-        n = jnp.maximum(jnp.ceil(params / ps.bucket), 1.0)
+    n = _collectives(ps.bucket, params, num_layers)
     # a reduce-scatter and an all-gather pay the same per collective and per byte
     latency, per_byte = coll.hierarchical_ring_parts(group, k, intra, inter)
     rs = n * latency + params * ps.g_b * per_byte
@@ -394,7 +402,8 @@ def dp_comm(m: ModelSpec, hw, c, s: Strategy, win: LayerWindows) -> DataParallel
         * win.num_layers
         * where(zero3, win.fwd_layer_s + win.bwd_layer_s, win.bwd_layer_s)
     )
-    if not s.stack.dp_overlap:
+    overlap = behaviour(s, "dp_overlap")
+    if is_off(overlap):
         return DataParallel(total_s=dp_total, exposed_s=dp_total - 0.0)
-    hidden = jnp.minimum(c.dp_overlap_fraction * hideable, window)
+    hidden = where(overlap, jnp.minimum(c.dp_overlap_fraction * hideable, window), 0.0)
     return DataParallel(total_s=dp_total, exposed_s=dp_total - hidden)

@@ -33,7 +33,7 @@ from perfmodel.step.precision import Precision
 from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.recompute import Redone, redone_ops
 from perfmodel.step.roofline import op_time_s, quantize_ops
-from perfmodel.step.select import where
+from perfmodel.step.select import behaviour, is_off, where
 from perfmodel.step.torch_ring import torch_ring_ops
 from perfmodel.step.workload import (
     LayerOps,
@@ -153,12 +153,16 @@ def layer_ops(
             (ops.qkv, ops.attention, ops.proj, ops.mlp), hw, tiles
         )
         ops = dataclasses.replace(ops, qkv=qkv, attention=attention, proj=proj, mlp=mlp)
-    if not s.stack.eager or m.kind != "transformer":
+    eager = behaviour(s, "eager")
+    if is_off(eager) or m.kind != "transformer":
         return ops
     nbytes, kernels = eager_elementwise_bytes(
         m, bat.micro_batch_size, lay.tp, mem.sequence_parallel, act_b, lay.cp
     )
-    ew = dataclasses.replace(ops.elementwise, bytes=nbytes, kernels=kernels)
+    fused = ops.elementwise
+    ew = dataclasses.replace(
+        fused, bytes=where(eager, nbytes, fused.bytes), kernels=where(eager, kernels, fused.kernels)
+    )
     return dataclasses.replace(ops, elementwise=ew)
 
 
@@ -209,7 +213,7 @@ def attention_block(m: ModelSpec, s: Strategy, ops: LayerOps, t, act_b) -> Atten
         bwd, core_bwd, fa_flops = bwd + fa_redo_s, core_bwd + fa_redo_s, fa_redo.flops
     if s.scope.cp and s.stack.cp_comm == CpComm.TORCH and m.kind == "transformer":
         # PyTorch's ring attention merges partial outputs and gradients on the compute stream
-        ring_f, ring_b = torch_ring_ops(m, s.layout, s.batching, s.stack.eager, act_b)
+        ring_f, ring_b = torch_ring_ops(m, s.layout, s.batching, behaviour(s, "eager"), act_b)
         fwd, bwd = fwd + t(ring_f), bwd + t(ring_b)
     flops = sum(op.flops for op in attn_classes)
     return AttentionBlock(ts, fwd, bwd, core_bwd, fa_flops, flops)

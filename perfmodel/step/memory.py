@@ -56,7 +56,7 @@ from perfmodel.step.moe import moe_activation_bytes
 from perfmodel.step.precision import activation_bytes
 from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.recompute import saved_elements
-from perfmodel.step.select import where
+from perfmodel.step.select import behaviour, both, either, is_off, negate, where
 from perfmodel.step.workload import stores_scores
 
 
@@ -358,8 +358,9 @@ def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
     zero3 = z == ZeroStage.PARAMETERS
     layer_w = p / jnp.maximum(layers_per_stage(m, lay), 1.0)
     # the whole stage stays gathered without resharding, or across microbatches (step gather)
-    whole = (not stack.fsdp_reshard) or stack.fsdp_step_gather
-    gathered = (p if whole else 2.0 * layer_w) * w_b
+    step_gather = behaviour(s, "fsdp_step_gather")
+    whole = either(negate(behaviour(s, "fsdp_reshard")), step_gather)
+    gathered = where(whole, p, 2.0 * layer_w) * w_b
     fp8_copy = 0.0
     if s.scope.fp8:
         w_b, fp8_copy = _low_precision_weights(s, w_b, p)
@@ -368,19 +369,20 @@ def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
         # ``store_param_remainders``): 2 bytes of the 12 instead of 4
         o_b = where(mem.dtype == Dtype.BF16, o_b - 2.0, o_b)
     g_sharded = g_b
-    if stack.fsdp_fp32_params:
+    fp32_params = behaviour(s, "fsdp_fp32_params")
+    if not is_off(fp32_params):
         # PyTorch FSDP's mixed precision: the sharded parameters are the fp32 master weights
         # the optimizer steps (its 12 bytes), cast to 16 or 8 bits only in the all-gather, so
         # no sharded low-precision copy; their gradients are sharded in the same fp32
-        fsdp32 = zero3 & (o_b > 8.0)
+        fsdp32 = both(zero3 & (o_b > 8.0), fp32_params)
         w_b = where(fsdp32, 0.0, w_b)
         g_sharded = where(fsdp32, 4.0, g_b)
     weights = sharded(w_b, ZeroStage.PARAMETERS) + where(zero3, gathered, 0.0) + fp8_copy
     grads = sharded(g_sharded, ZeroStage.GRADIENTS)
-    if stack.fsdp_step_gather:
+    if not is_off(step_gather):
         # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in
         # the reduce dtype), reduce-scattered once
-        grads = grads + where(zero3, p * g_b, 0.0)
+        grads = grads + where(both(zero3, step_gather), p * g_b, 0.0)
     return _ModelStates(weights, grads, sharded(o_b, ZeroStage.OPTIMIZER))
 
 
@@ -395,7 +397,12 @@ def _peak_activations(m: ModelSpec, s: Strategy):
         # freed before the layers' backward, where full recomputation holds one layer's
         # activations again, so the peak takes the larger of the two
         logits = (
-            s.stack.logit_bytes * m.seq_len / lay.cp * bat.micro_batch_size * m.vocab_size / lay.tp
+            behaviour(s, "logit_bytes", float)
+            * m.seq_len
+            / lay.cp
+            * bat.micro_batch_size
+            * m.vocab_size
+            / lay.tp
         )
         logits = where(lay.pp <= 1, logits, 0.0)
         acts = acts + jnp.maximum(logits, stage.working)

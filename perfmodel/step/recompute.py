@@ -40,19 +40,26 @@ from perfmodel.specs.choices import Recompute, RecomputeModule
 from perfmodel.specs.model import ModelSpec, attention_shape
 from perfmodel.specs.strategy import Strategy
 from perfmodel.step.moe import routed_tokens
-from perfmodel.step.select import where
+from perfmodel.step.select import behaviour, both, is_off, where
 from perfmodel.step.workload import OpClass, stores_scores
 
 _ZERO = 0.0
+
+
+def _names(s: Strategy, module: RecomputeModule):
+    """Whether the stack's ``recompute_modules`` name ``module`` (a Python boolean, or traced
+    where a program's rows differ)."""
+    return behaviour(s, "recompute_modules", lambda v: bool(int(v) & int(module)))
 
 
 def has_module(s: Strategy, module: RecomputeModule):
     """Whether selective recomputation also redoes ``module``: ``False`` (a Python value, so
     nothing is compiled) when the stack does not name it, else a traced test of the strategy's
     recomputation mode."""
-    if not int(s.stack.recompute_modules) & int(module):
+    named = _names(s, module)
+    if is_off(named):
         return False
-    return s.memory.recompute == Recompute.SELECTIVE
+    return both(s.memory.recompute == Recompute.SELECTIVE, named)
 
 
 def _pick(cond, on, off):
@@ -176,12 +183,12 @@ def redone_ops(m: ModelSpec, s: Strategy, ops, act_bytes) -> Redone | None:
       ops: the layer's forward op classes (:func:`perfmodel.step.workload.layer_forward_ops`).
       act_bytes: bytes per activation element.
     """
-    if not int(s.stack.recompute_modules):
+    if is_off(behaviour(s, "recompute_modules", int)):
         return None
     lay, bat = s.layout, s.batching
     one = jnp.ones(())
     on = s.memory.recompute == Recompute.SELECTIVE
-    flag = lambda module: where(has_module(s, module) is not False, one, 0.0) * on  # noqa: E731
+    flag = lambda module: where(_names(s, module), one, 0.0) * on  # noqa: E731
     T = bat.micro_batch_size * m.seq_len / lay.cp
     rep = where(s.memory.sequence_parallel > 0, lay.tp, 1.0)
     per_op = flag(RecomputeModule.PER_OP)

@@ -41,7 +41,7 @@ from perfmodel.step.memory import (
 from perfmodel.step.precision import precision
 from perfmodel.step.recipes import stack_recipe
 from perfmodel.step.roofline import gemm_tiles
-from perfmodel.step.select import where
+from perfmodel.step.select import behaviour, is_off, where
 from perfmodel.step.workload import OpClass
 
 # Adam update traffic per parameter: read gradient, fp32 master, momentum, variance (2+4+4+4)
@@ -183,8 +183,11 @@ def _comm_per_microbatch(m, hw, c, s: Strategy, prec, stage: StageCompute, full)
     tp_mb = terms.tp_comm(
         m, hw, c, s, act_b, stage.dense_layers, stage.moe_layers, full, prec.fp8, prec.fp4
     )
-    if stack.tp_overlap:
-        tp_mb = tp_mb - jnp.minimum(c.tp_overlap_fraction * tp_mb, stage.gemm_s)
+    tp_overlap = behaviour(s, "tp_overlap")
+    if not is_off(tp_overlap):
+        tp_mb = tp_mb - where(
+            tp_overlap, jnp.minimum(c.tp_overlap_fraction * tp_mb, stage.gemm_s), 0.0
+        )
     cp_mb = 0.0
     if s.scope.cp and m.kind == "transformer":
         cp_mb = terms.cp_exchange(

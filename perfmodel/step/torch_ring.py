@@ -37,6 +37,7 @@ PyTorch's flash backend requires), so they count ``q_dim + v_dim`` elements per 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from perfmodel.specs.model import ModelSpec, attention_shape
@@ -76,16 +77,29 @@ def torch_ring_ops(
     o = T * att.v_dim / lay.tp  # the attention output
     kv = torch_ring_kv_elements(m, bat.micro_batch_size, lay.tp, lay.cp)
     casts = 2.0 * (B + F)
-    if unfused:
-        fwd_bytes = n * (B + 9.0 * F) * o + casts * o + n * 2.0 * B * kv
-        fwd_kernels = 11.0 * n + 2.0
-        step = (2.0 * F + B) * q + ((2.0 * F + B) / 2.0 + 4.0 * F + 2.0 * B) * kv
-        bwd_kernels = 7.0 * n + 10.0
+
+    def merges(separate: bool):
+        """(forward bytes, forward kernels, backward bytes per step, backward kernels) with
+        separate merge kernels or fused ones."""
+        if separate:
+            return (
+                n * (B + 9.0 * F) * o + casts * o + n * 2.0 * B * kv,
+                11.0 * n + 2.0,
+                (2.0 * F + B) * q + ((2.0 * F + B) / 2.0 + 4.0 * F + 2.0 * B) * kv,
+                7.0 * n + 10.0,
+            )
+        return (
+            n * (2.0 * F + B) * o + casts * o,
+            n + 2.0,
+            (2.0 * F + B) * q + (2.0 * F + B / 2.0) * kv,
+            2.0 * n + 7.0,
+        )
+
+    if isinstance(unfused, jax.Array):  # rows of several stacks (perfmodel.step.select.behaviour)
+        costs = [where(unfused, a, b) for a, b in zip(merges(True), merges(False), strict=True)]
     else:
-        fwd_bytes = n * (2.0 * F + B) * o + casts * o
-        fwd_kernels = n + 2.0
-        step = (2.0 * F + B) * q + (2.0 * F + B / 2.0) * kv
-        bwd_kernels = 2.0 * n + 7.0
+        costs = merges(bool(unfused))
+    fwd_bytes, fwd_kernels, step, bwd_kernels = costs
     zeros = F * (q + kv)
     first = (2.0 * F + B) * (q + kv)
     last = (F + B) * (q + kv)

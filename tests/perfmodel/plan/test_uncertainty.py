@@ -4,6 +4,7 @@ prints, and the leave-one-out coverage on the shipped measurement sets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -24,6 +25,7 @@ from perfmodel.plan.uncertainty import (
     log_interval,
     log_step_gradient,
     prediction_intervals,
+    strategies_intervals,
     with_entries,
 )
 from simbase.errors import AisimError
@@ -100,6 +102,15 @@ def test_interval_covers_monte_carlo_new_measurements(est):
     tok = iv["tokens_per_s"]
     assert tok.lo == pytest.approx(tok.value * t.value / t.hi)
     assert iv["mfu"].hi == pytest.approx(iv["mfu"].value * t.value / t.lo)
+    # several strategies of one stack in one program (a grid's reported rows): each as alone
+    other = dataclasses.replace(est.strategy, memory=dataclasses.replace(
+        est.strategy.memory, zero_stage=np.float32(1.0)))  # fmt: skip
+    both = strategies_intervals(est.model.spec, est.hardware.spec, c, [other, est.strategy], cc)
+    alone = prediction_intervals(est.model.spec, est.hardware.spec, c, other, cc)
+    for got, want in ((both[0], alone), (both[1], iv)):
+        for k, w in want.items():
+            assert (got[k].lo, got[k].hi) == pytest.approx((w.lo, w.hi), rel=1e-6), k
+    assert both[0]["step_time_s"].value != both[1]["step_time_s"].value
 
 
 def test_log_interval_widths():
