@@ -413,7 +413,7 @@ def _table_of(row: pd.Series) -> str:
     return doc + (" | " + m.group(1) if m else "")
 
 
-_step = jax.jit(step_time)
+_step = fast_jit(step_time)  # one run: compiled for a fast start
 
 
 def shipped_constants(run: PublishedRun) -> Constants:

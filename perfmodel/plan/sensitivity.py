@@ -17,7 +17,6 @@ the best strategy of the grid at the standard capacity tier below and above the 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -26,6 +25,7 @@ import numpy as np
 
 from perfmodel.plan.estimate import Estimate, estimate
 from perfmodel.plan.training import DEFAULTS
+from perfmodel.search.evaluate import fast_jit
 from perfmodel.search.sweep import strategy_label, sweep
 from perfmodel.specs.choices import Dtype
 from perfmodel.specs.constants import TIER_KEYS, Constants
@@ -55,10 +55,13 @@ PLAIN_NAMES = {
 TIER_WORDS = {"intra_node": "intra-node", "inter_node": "inter-node", "wan": "wide-area"}
 
 
-@functools.partial(jax.jit, static_argnames=("step_fn",))
-def _log_step_grads(m, hw: HardwareSpec, c: Constants, s, step_fn):
+def _log_step_grads_impl(m, hw: HardwareSpec, c: Constants, s, step_fn):
     """``∂ ln t / ∂ hw`` and ``∂ ln t / ∂ c`` (pytrees shaped like ``hw`` and ``c``)."""
     return jax.grad(lambda h, k: jnp.log(step_fn(m, h, k, s).step_time_s), argnums=(0, 1))(hw, c)
+
+
+# one strategy's programs: compiled for a fast start, as an estimate's (perfmodel.search.evaluate)
+_log_step_grads = fast_jit(_log_step_grads_impl, static_argnames=("step_fn",))
 
 
 def _elastic(grad, value) -> float:
@@ -162,11 +165,13 @@ def elasticities(
     return Sensitivity(out, consts, bound, text)
 
 
-@functools.partial(jax.jit, static_argnames=("step_fn",))
-def _fits(m, hw: HardwareSpec, c: Constants, s, capacity, step_fn):
+def _fits_impl(m, hw: HardwareSpec, c: Constants, s, capacity, step_fn):
     hw = dataclasses.replace(hw, memory_capacity_bytes=capacity)
     out = step_fn(m, hw, c, s)
     return out.fits_memory, out.memory_per_device_bytes
+
+
+_fits = fast_jit(_fits_impl, static_argnames=("step_fn",))
 
 
 def smallest_capacity_bytes(
