@@ -10,6 +10,8 @@ apart from reading bundled files; bad settings raise :class:`~simbase.errors.Ais
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
@@ -173,6 +175,21 @@ def _partitioned(
     )
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits as ``sklearn.datasets.load_digits`` gives them (``data`` 0-16 as float64,
+    ``target`` as int), read from the file scikit-learn ships (``datasets/data/digits.csv.gz``:
+    64 pixels and the label per row) without importing scikit-learn, which takes longer than
+    the rest of a short run's start."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise AisimError(
+            "the digits data set needs scikit-learn: pip install scikit-learn", usage=False
+        )
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int)
+
+
 def digits(
     num_clients: int = 100,
     partition: str = "iid",
@@ -182,13 +199,11 @@ def digits(
     dirichlet_form: str = "per-class",
 ) -> FederatedData:
     """scikit-learn's 1,797 8×8 digits (features scaled to [0, 1]); 1,437 train / 360 test."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
+    x, y = digits_arrays()
     return _partitioned(
         "digits",
-        d.data / 16.0,
-        d.target,
+        x / 16.0,
+        y,
         test_size,
         num_clients,
         partition,

@@ -114,3 +114,13 @@ def test_million_client_population_is_compact():
 def test_bad_partition_sizes(bad):
     with pytest.raises(AisimError):
         data.digits(partition="iid", **bad)
+
+
+def test_digits_read_from_the_file_equal_scikit_learns_loader():
+    from sklearn.datasets import load_digits
+
+    x, y = data.digits_arrays()
+    d = load_digits()
+    assert x.dtype == d.data.dtype and y.dtype == d.target.dtype
+    np.testing.assert_array_equal(x, d.data)
+    np.testing.assert_array_equal(y, d.target)
