@@ -84,7 +84,7 @@ def main() -> None:
         )
         for every in (1, args.rounds):
             sim_cfg = dataclasses.replace(cfg, rounds=args.rounds, eval_every=every)
-            simulate(dataclasses.replace(sim_cfg, rounds=1))  # compiles
+            simulate(sim_cfg, stop_after=1)  # compiles the program the timed run uses
             s = simulate(sim_cfg).summary
             print(
                 f"  fl.simulate, eval every {every:>3} rounds: "

@@ -33,6 +33,7 @@ from fl.round import Hyper, RoundInputs, RoundMetrics, RoundSpec, ServerState
 from fl.server import server_update
 from fl.systems import client_time_s
 from fl.traces import SECONDS_PER_HOUR, available_now
+from simbase.xla_options import fast_cpu_options
 
 # How many times a dispatch looks again for an available client (one hour apart with a trace)
 # before it takes any idle client: a week of hours.
@@ -332,7 +333,13 @@ def build_async(built, cached, static):
     spec = AsyncSpec(rs, cfg.buffer_size, cfg.concurrency)
 
     def make():
-        return jax.jit(make_fill(spec)), jax.jit(lambda s, i, h: init_async(spec, s, i, h))
+        # the fill program as the synchronous round (fl.build.round_compile_options); the
+        # first dispatches run once, so they compile for a fast start on a CPU
+        fill_options = fast_cpu_options() if rs.fast_compile else None
+        return (
+            jax.jit(make_fill(spec), compiler_options=fill_options),
+            jax.jit(lambda s, i, h: init_async(spec, s, i, h), compiler_options=fast_cpu_options()),
+        )
 
     fill, init = cached(("async", *static, cfg.buffer_size, cfg.concurrency), make)
     server = jax.device_put(built.init_state, jax.devices()[0])

@@ -36,6 +36,7 @@ from fl.tasks import CLASSIFICATION, NEXT_TOKEN, REGRESSION, Task
 from fl.traces import load_trace
 from simbase.errors import AisimError, bad_value
 from simbase.units import parse_bytes
+from simbase.xla_options import fast_cpu_options
 
 
 @dataclasses.dataclass
@@ -78,6 +79,12 @@ CPU_CACHE_BYTES = 5e6
 # typical round by at least this fraction (each head chunk is one more loop to compile).
 HEAD_MIN_SAVING = 0.2
 HEAD_SAMPLE_COHORTS = 16
+# A run that trains at most this many FLOPs in all (padded steps included) compiles its round
+# with XLA:CPU's fast options (simbase.xla_options): a quarter to a fifth of the compile time, a
+# round 1.2-3.3x slower. Measured: the fast program pays up to 1.1e10 FLOPs for the digits MLP
+# (100 clients, cohort 10: about 140 rounds), 2.9e10 for the simple CNN and 3.9e10 for FedProx's
+# synthetic(1,1) with 1,000 clients and cohorts of 100.
+FAST_COMPILE_FLOPS = 1e10
 
 
 def padded_steps(spec: rnd.RoundSpec, steps_desc: np.ndarray) -> int:
@@ -93,6 +100,33 @@ def padded_steps(spec: rnd.RoundSpec, steps_desc: np.ndarray) -> int:
     return total
 
 
+def _sample_cohorts(spec: rnd.RoundSpec, steps: np.ndarray, sizes: np.ndarray) -> list:
+    """The local steps of :data:`HEAD_SAMPLE_COHORTS` cohorts drawn as the round draws them
+    (uniformly, or in proportion to size with ``sampling="size"``), longest first. A property
+    of the population, not of the run's seed."""
+    rng = np.random.default_rng(0)
+    m, n = spec.cohort, len(steps)
+    p = sizes / sizes.sum() if spec.sampling == "size" else None
+    return [
+        np.sort(steps[rng.choice(n, m, replace=p is not None, p=p)])[::-1]
+        for _ in range(HEAD_SAMPLE_COHORTS)
+    ]
+
+
+def run_flops(spec: rnd.RoundSpec, rounds: int, cohorts: list) -> float:
+    """Training FLOPs a run of ``rounds`` rounds computes, padded steps included: the mean
+    :func:`padded_steps` of ``cohorts`` times the batch and the model's FLOPs per sample."""
+    steps = float(np.mean([padded_steps(spec, c) for c in cohorts]))
+    return rounds * steps * spec.local.batch_size * spec.flops_per_sample
+
+
+def round_compile_options(spec: rnd.RoundSpec) -> dict | None:
+    """XLA's options for the round program: :data:`simbase.xla_options.FAST_CPU_COMPILE` where
+    :attr:`~fl.state.RoundSpec.fast_compile` (decided by :func:`round_spec`), else the
+    defaults."""
+    return fast_cpu_options() if spec.fast_compile else None
+
+
 def head_pays(spec: rnd.RoundSpec, steps: np.ndarray, sizes: np.ndarray) -> bool:
     """Whether :attr:`~fl.state.RoundSpec.segments`' growing head is worth its extra compiled
     loops for a population whose clients hold ``sizes`` examples and run ``steps`` local steps:
@@ -104,13 +138,7 @@ def head_pays(spec: rnd.RoundSpec, steps: np.ndarray, sizes: np.ndarray) -> bool
     flat = dataclasses.replace(spec, head=False)
     if spec.segments == flat.segments:
         return False
-    rng = np.random.default_rng(0)  # a property of the population, not of the run's seed
-    m, n = spec.cohort, len(steps)
-    p = sizes / sizes.sum() if spec.sampling == "size" else None
-    cohorts = [
-        np.sort(steps[rng.choice(n, m, replace=p is not None, p=p)])[::-1]
-        for _ in range(HEAD_SAMPLE_COHORTS)
-    ]
+    cohorts = _sample_cohorts(spec, steps, sizes)
     with_head = sum(padded_steps(spec, c) for c in cohorts)
     without = sum(padded_steps(flat, c) for c in cohorts)
     return with_head <= (1.0 - HEAD_MIN_SAVING) * without
@@ -264,8 +292,9 @@ def round_spec(
     cfg: ExperimentConfig, model: Model, alg: Algorithm, sizes: np.ndarray, mesh
 ) -> rnd.RoundSpec:
     """The static round: algorithm, local training, the chunk size the memory budget allows (on
-    a CPU, also the clients whose parameters fit in :data:`CPU_CACHE_BYTES`), and whether the
-    population's sizes call for the growing head (:func:`head_pays`)."""
+    a CPU, also the clients whose parameters fit in :data:`CPU_CACHE_BYTES`), whether the
+    population's sizes call for the growing head (:func:`head_pays`), and, on a CPU, whether
+    the run is short enough (:data:`FAST_COMPILE_FLOPS`) to compile the round for a fast start."""
     max_samples = int(sizes.max())
     devices = jax.devices()
     local = lu.LocalSpec(
@@ -300,7 +329,10 @@ def round_spec(
         mesh=mesh,
     )
     steps = np.minimum(-(-sizes // cfg.batch_size) * cfg.local_epochs, cfg.max_local_steps or 2**30)
-    return dataclasses.replace(spec, head=head_pays(spec, steps, sizes))
+    spec = dataclasses.replace(spec, head=head_pays(spec, steps, sizes))
+    flops = run_flops(spec, cfg.rounds, _sample_cohorts(spec, steps, sizes))
+    cpu = devices[0].platform == "cpu"
+    return dataclasses.replace(spec, fast_compile=cpu and flops <= FAST_COMPILE_FLOPS)
 
 
 def round_inputs(cfg: ExperimentConfig, ds: FederatedData) -> rnd.RoundInputs:
@@ -386,10 +418,11 @@ def build(
         cfg.memory_budget,
         cfg.max_local_steps,
         spec.head,
+        spec.fast_compile,
     )
 
     def make_spec():
-        return spec, jax.jit(rnd.make_round(spec))
+        return spec, jax.jit(rnd.make_round(spec), compiler_options=round_compile_options(spec))
 
     spec, run_round = _cached(("round", *static), make_spec)
     inputs = round_inputs(cfg, ds)

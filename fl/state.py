@@ -99,6 +99,7 @@ class RoundSpec:
     param_bytes: float = 0.0
     mesh: Mesh | None = None
     head: bool = True  # the growing head of :attr:`segments` (fl.build.head_pays decides)
+    fast_compile: bool = False  # XLA:CPU's fast options (fl.build.round_compile_options decides)
 
     @property
     def unit(self) -> int:

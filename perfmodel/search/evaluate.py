@@ -18,12 +18,13 @@ from perfmodel.specs.hardware import HardwareSpec
 from perfmodel.specs.model import ModelSpec
 from perfmodel.specs.strategy import Strategy
 from perfmodel.step.step_time import step_time
+from simbase.xla_options import FAST_CPU_COMPILE, fast_cpu_options
 
 # Grids up to this many rows compile for a fast start on XLA:CPU (see compile_options).
 FAST_COMPILE_ROWS = 1 << 18
-# LLVM at -O0 and XLA:CPU's classic loop emitters: the step function compiles in about half the
-# time (a third, measured) and runs about 5x slower per row; results agree to float32 rounding.
-_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# LLVM at -O0 and XLA:CPU's classic loop emitters (simbase.xla_options): the step function
+# compiles in about a third of the time and runs about 5x slower per row
+_FAST_COMPILE = FAST_CPU_COMPILE
 
 
 def compile_options(rows: int, platform: str | None = None) -> dict | None:
@@ -40,10 +41,7 @@ def compile_options(rows: int, platform: str | None = None) -> dict | None:
       rows: how many strategies the compiled program evaluates per call.
       platform: the JAX platform (default: that of the first device).
     """
-    platform = jax.devices()[0].platform if platform is None else platform
-    if platform != "cpu" or rows > FAST_COMPILE_ROWS:
-        return None
-    return dict(_FAST_COMPILE)
+    return None if rows > FAST_COMPILE_ROWS else fast_cpu_options(platform)
 
 
 def stack_rows(trees) -> object:

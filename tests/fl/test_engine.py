@@ -10,7 +10,7 @@ import pytest
 
 from fl import local_update as lu
 from fl import round as rnd
-from fl.build import build, head_pays, padded_steps
+from fl.build import FAST_COMPILE_FLOPS, build, head_pays, padded_steps, run_flops
 from fl.config import ExperimentConfig
 from fl.models import cross_entropy, make_model
 from fl.partition import from_lists
@@ -136,6 +136,25 @@ def test_head_only_where_it_cuts_the_masked_steps():
     # FedProx's lognormal sizes (synthetic(1,1)) get it, as a build of them shows
     cfg = ExperimentConfig(dataset="synthetic", clients=1000, clients_per_round=100, rounds=1)
     assert build(cfg).spec.head
+
+
+def test_a_short_run_compiles_its_round_for_a_fast_start(build_factory):
+    b = build_factory(stragglers=0.3)
+    cfg = b.cfg
+    # alike clients, no head: every cohort pads to the same client-steps
+    sizes = np.asarray(b.inputs.sizes)
+    steps = np.minimum(-(-sizes // cfg.batch_size) * cfg.local_epochs, 2**30)
+    cohort = np.sort(steps[: b.spec.cohort])[::-1]
+    hand = cfg.rounds * padded_steps(b.spec, cohort) * cfg.batch_size * b.spec.flops_per_sample
+    assert run_flops(b.spec, cfg.rounds, [cohort]) == pytest.approx(hand)
+    assert hand <= FAST_COMPILE_FLOPS and b.spec.fast_compile
+    long = build(dataclasses.replace(cfg, rounds=int(2 * FAST_COMPILE_FLOPS / hand * cfg.rounds)))
+    assert not long.spec.fast_compile
+    # both programs give the round's result to float rounding
+    s1, _ = b.run_round(b.init_state, b.inputs, b.hyper)
+    s2, _ = long.run_round(b.init_state, b.inputs, b.hyper)
+    for a, e in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
 
 
 def test_memory_budget_sets_chunk(build_factory):
