@@ -663,8 +663,9 @@ def _cross_axes(
 
 def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, list[Rows], tuple]:
     """Each stack of the grid, its rows and the preset rules that chose its behaviours per row
-    (those the step function can trace and the caller did not list values for): the preset's
-    groups of rows, each crossed with the stack values asked for."""
+    (those the step function can trace, for knobs the caller lists no values of, that give the
+    stack's value on every one of its rows): the preset's groups of rows, each crossed with the
+    stack values asked for."""
     groups = [(base, rows)]
     if preset is not None:  # the preset's behaviours that depend on the strategy
         groups = [(st, {k: c[m] for k, c in rows.items()}) for st, m in preset.partition(rows)]
@@ -675,10 +676,15 @@ def _stack_parts(rows: Rows, rejected, v, base, preset, r_codes) -> tuple[list, 
             parts.append(_rows_of_stack(group_rows, rejected, st, group_base, v, r_codes))
     if not parts:  # every row was pruned (the preset's groups are empty): an empty grid
         stacks, parts = [base], [rows]
-    traced = ()
-    if preset is not None:
-        traced = tuple(r for r in preset.rules if r.knob in TRACED_BEHAVIOURS and not v.get(r.knob))
-    return stacks, parts, (traced,) * len(stacks)
+    rules = [
+        r for r in (preset.rules if preset is not None else ())
+        if r.knob in TRACED_BEHAVIOURS and not v.get(r.knob)
+    ]  # fmt: skip
+    traced = [
+        tuple(r for r in rules if r.gives(getattr(st, r.knob), part))
+        for st, part in zip(stacks, parts, strict=True)
+    ]
+    return stacks, parts, tuple(traced)
 
 
 def _strategy_grid(stacks: list, parts: list[Rows], rejected, gpus_per_node) -> StrategyGrid:

@@ -101,6 +101,17 @@ class Rule:
                 return value
         raise AssertionError("the last case always holds")
 
+    def gives(self, value: Any, codes: Mapping[str, Any]) -> bool:
+        """Whether the rule gives ``value`` for the knob codes ``codes`` (scalars: one
+        strategy; numpy columns: every row)."""
+        taken = np.zeros(np.shape(next(iter(codes.values()))), bool)
+        for cond, case in self.cases:
+            hit = ~taken & (True if cond is None else np.asarray(cond.holds(codes), bool))
+            if case != value and np.any(hit):
+                return False
+            taken = taken | hit
+        return True
+
 
 # the behaviours a program may hold as a rule traced per row (the registry's ``traced`` knobs)
 TRACED_BEHAVIOURS = frozenset(k.name for k in STACK_KNOBS if k.traced)
@@ -109,14 +120,14 @@ TRACED_BEHAVIOURS = frozenset(k.name for k in STACK_KNOBS if k.traced)
 def program_key(stack: Stack, rules: tuple[Rule, ...], codes: Mapping[str, Any] | None = None):
     """What a compiled program for several stacks of one preset holds in place of ``stack``:
     each behaviour one of ``rules`` chose and the step function can trace, as the rule. With
-    the strategy's knob ``codes``, only where the rule gives ``stack``'s own value (a value
-    the user set stays fixed); without, the caller vouches for it. Stacks with equal keys can
-    share a program (:func:`shared_program`)."""
+    the knob ``codes`` of the strategies (scalars or columns) that run under ``stack``, only
+    where the rule gives ``stack``'s own value to all of them (a value the user set stays
+    fixed); without, the caller vouches for it. Stacks with equal keys can share a program
+    (:func:`shared_program`)."""
     traced = {
         r.knob: r
         for r in rules
-        if r.knob in TRACED_BEHAVIOURS
-        and (codes is None or r.value(codes) == getattr(stack, r.knob))
+        if r.knob in TRACED_BEHAVIOURS and (codes is None or r.gives(getattr(stack, r.knob), codes))
     }
     return dataclasses.replace(stack, **traced) if traced else stack
 

@@ -16,7 +16,7 @@ from perfmodel.search.evaluate import compile_options, evaluate_grid
 from perfmodel.search.grid import enumerate_strategies
 from perfmodel.specs.knobs import LEAF_KNOBS
 from perfmodel.specs.model import model_from_dict
-from perfmodel.specs.stack_preset import TRACED_BEHAVIOURS, Rule, preset_from_dict
+from perfmodel.specs.stack_preset import TRACED_BEHAVIOURS, Rule, preset_from_dict, program_key
 from perfmodel.specs.strategy import leaf_codes, leaves_of, make_strategy, stack_strategies
 from perfmodel.step.step_time import step_time
 
@@ -95,3 +95,15 @@ def test_a_presets_rules_share_a_program_and_listed_values_split_it():
     # a grid without a preset's rules has one program per stack, as before
     plain = enumerate_strategies(tp_overlap=[False, True], **kw)
     assert len(plain.by_program()) == len(plain.by_stack()) == 2
+
+
+def test_a_rule_is_traced_only_where_it_gives_the_stacks_own_value():
+    preset = load_stack("torchtitan")
+    (logit,) = [r for r in preset.rules if r.knob == "logit_bytes"]  # tp > 1: 2.25, else 1.75
+    assert logit.gives(2.25, {"tp": np.array([2.0, 4.0])})
+    assert not logit.gives(2.25, {"tp": np.array([1.0, 2.0])})
+    assert logit.gives(1.75, {"tp": 1.0}) and not logit.gives(1.75, {"tp": 2.0})
+    # a run whose stack sets the behaviour itself (a value the rule would not give) keeps it
+    mine = dataclasses.replace(preset.base, logit_bytes=4.0)
+    assert program_key(mine, (logit,), {"tp": 2.0}).logit_bytes == 4.0
+    assert program_key(preset.base, (logit,), {"tp": 1.0}).logit_bytes is logit
