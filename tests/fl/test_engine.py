@@ -138,6 +138,7 @@ def test_head_only_where_it_cuts_the_masked_steps():
     assert build(cfg).spec.head
 
 
+@pytest.mark.slow  # compiles the round both ways
 def test_a_short_run_compiles_its_round_for_a_fast_start(build_factory):
     b = build_factory(stragglers=0.3)
     cfg = b.cfg

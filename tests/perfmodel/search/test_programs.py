@@ -51,6 +51,7 @@ ROWS = [
 ]
 
 
+@pytest.mark.slow  # five compiled programs: the shared one and each row's own
 def test_one_program_gives_each_row_what_its_own_stack_gives():
     preset = _every_behaviour_by_rule()
     assert {r.knob for r in preset.rules} == TRACED_BEHAVIOURS
