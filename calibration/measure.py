@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from simbase.errors import AisimError, bad_value
 from simbase.parse import check_seed
+from simbase.xla_options import fast_cpu_options
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 # device_kind substrings -> hardware preset, most specific first.
@@ -264,9 +265,12 @@ def _prepare(shape: Shape, cfg: Config, dtype: str, seed: int, devices: list[jax
         lambda p, leaf: NamedSharding(mesh, _spec_for(p, leaf, cfg.tp)), abstract
     )
     data_sh = NamedSharding(mesh, P("dp"))
+    # the initialisations run once: compiled for a fast start (the step keeps XLA's defaults:
+    # it is what is measured)
+    once = fast_cpu_options()
     params = jax.jit(lambda: model.init(jax.random.key(seed), inputs[:1])["params"],
-                     out_shardings=param_sh)()  # fmt: skip
-    opt_state = jax.jit(tx.init)(params)
+                     out_shardings=param_sh, compiler_options=once)()  # fmt: skip
+    opt_state = jax.jit(tx.init, compiler_options=once)(params)
     replicated = NamedSharding(mesh, P())
     opt_sh = jax.tree.map(
         lambda leaf: leaf.sharding if isinstance(leaf.sharding, NamedSharding) else replicated,
