@@ -127,18 +127,19 @@ def round_compile_options(spec: rnd.RoundSpec) -> dict | None:
     return fast_cpu_options() if spec.fast_compile else None
 
 
-def head_pays(spec: rnd.RoundSpec, steps: np.ndarray, sizes: np.ndarray) -> bool:
+def head_pays(spec: rnd.RoundSpec, steps: np.ndarray, sizes: np.ndarray, cohorts=None) -> bool:
     """Whether :attr:`~fl.state.RoundSpec.segments`' growing head is worth its extra compiled
     loops for a population whose clients hold ``sizes`` examples and run ``steps`` local steps:
     it must cut the padded client-steps of cohorts drawn as the round draws them (uniformly, or
     in proportion to size with ``sampling="size"``) by :data:`HEAD_MIN_SAVING`. A heavy-tailed population
     (FedProx's lognormal sizes: a third of the steps of one chunk per cohort of 100) gets it; one
     whose clients are alike (the digits partitions: a tenth or less) gets equal chunks only, which
-    compile once and give the same metrics to float rounding."""
+    compile once and give the same metrics to float rounding. ``cohorts``: those draws
+    (:func:`_sample_cohorts`), when the caller has them."""
     flat = dataclasses.replace(spec, head=False)
     if spec.segments == flat.segments:
         return False
-    cohorts = _sample_cohorts(spec, steps, sizes)
+    cohorts = _sample_cohorts(spec, steps, sizes) if cohorts is None else cohorts
     with_head = sum(padded_steps(spec, c) for c in cohorts)
     without = sum(padded_steps(flat, c) for c in cohorts)
     return with_head <= (1.0 - HEAD_MIN_SAVING) * without
@@ -329,8 +330,9 @@ def round_spec(
         mesh=mesh,
     )
     steps = np.minimum(-(-sizes // cfg.batch_size) * cfg.local_epochs, cfg.max_local_steps or 2**30)
-    spec = dataclasses.replace(spec, head=head_pays(spec, steps, sizes))
-    flops = run_flops(spec, cfg.rounds, _sample_cohorts(spec, steps, sizes))
+    cohorts = _sample_cohorts(spec, steps, sizes)  # drawn once for both decisions
+    spec = dataclasses.replace(spec, head=head_pays(spec, steps, sizes, cohorts))
+    flops = run_flops(spec, cfg.rounds, cohorts)
     cpu = devices[0].platform == "cpu"
     return dataclasses.replace(spec, fast_compile=cpu and flops <= FAST_COMPILE_FLOPS)
 
