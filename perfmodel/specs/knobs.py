@@ -421,6 +421,12 @@ KNOBS: tuple[Knob, ...] = (
                   "off unless dtype is bf16 (remainders complete bf16 weights to fp32)"),
     ),
     Knob(
+        "bf16_moments", "stack", bool, False,
+        "Adam's momentum and variance kept in bf16 instead of fp32 (Megatron-Core's "
+        "precision-aware optimizer with exp_avg_dtype and exp_avg_sq_dtype bf16).",
+        aliases=("bf16_optimizer_states",),
+    ),
+    Knob(
         "fsdp_reshard", "stack", bool, True,
         "ZeRO-3/FSDP: free gathered parameters after the forward (gathered again for the "
         "backward).", flag="--reshard-after-forward", aliases=("reshard_after_forward",),

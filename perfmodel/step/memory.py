@@ -6,7 +6,7 @@ and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and
 Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. With
 ``param_remainders`` the fp32 master copy of bf16 weights is stored as its 16 missing low-order
 bits (10 bytes of optimizer state, not 12: Apex's DistributedFusedAdam, NeMo's default for bf16
-weights). With ``fsdp_fp32_params`` ZeRO-3's sharded parameters are themselves the fp32 master
+weights); with ``bf16_moments`` Adam's momentum and variance take 2 bytes each (4 fewer). With ``fsdp_fp32_params`` ZeRO-3's sharded parameters are themselves the fp32 master
 (PyTorch FSDP), so no sharded 16-bit copy is kept and the sharded gradients are fp32: 16 bytes
 per parameter over the shard group. FP8 training keeps an extra 1-byte copy of the weights
 (Transformer Engine), or, with the distributed optimizer, the weights in FP8 only (Megatron-Core's
@@ -368,6 +368,10 @@ def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
         # master weights kept as the 16 low-order bits the bf16 weights lack (Apex/TE
         # ``store_param_remainders``): 2 bytes of the 12 instead of 4
         o_b = where(mem.dtype == Dtype.BF16, o_b - 2.0, o_b)
+    if stack.bf16_moments:
+        # Adam's momentum and variance in bf16 (Megatron-Core's precision-aware optimizer,
+        # ``exp_avg_dtype``/``exp_avg_sq_dtype``): 2 + 2 bytes of the 12 instead of 4 + 4
+        o_b = o_b - 4.0
     g_sharded = g_b
     fp32_params = behaviour(s, "fsdp_fp32_params")
     if not is_off(fp32_params):

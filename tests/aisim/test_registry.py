@@ -60,7 +60,8 @@ FIRST = dict(
     interleave=2, zero_stage=3, shard_size=4, recompute="selective", recompute_layers=0,
     sequence_parallel=True, dtype="fp8", dp_overlap=False, fused_attention=True,
     attention_kernel="fa2", eager=True, logit_bytes=12.0, tp_overlap=True,
-    grad_reduce_fp32=False, param_remainders=False, fsdp_reshard=False, fsdp_step_gather=True,
+    grad_reduce_fp32=False, param_remainders=False, bf16_moments=True, fsdp_reshard=False,
+    fsdp_step_gather=True,
     fsdp_fp32_params=True, recompute_modules="mlp", moe_dispatch="allgather", moe_overlap=True,
     cp_comm="allgather", fp8_recipe="tensorwise", dp_bucket_size=5e8,
 )  # fmt: skip

@@ -305,3 +305,57 @@ def test_shipped_public_runs_map_like_their_loader(evaluated):
         checked += 1
     assert checked >= 20
     assert np.nanmax(df["cp"].astype(float)) > 1 and np.nanmax(df["ep"].astype(float)) > 1
+
+
+def _megatron_mla_flops_per_token(spec, seq: float) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` per token for a DeepSeek-V3-style model
+    (MLA with q/kv LoRA, dense then MoE layers, shared experts, SwiGLU, no MTP), by hand from its
+    MLA branch at 4c2e1c9b30 (megatron/training/training.py): 12·h·(MLP widths) + 6·L·(the
+    attention GEMMs' weights + the causal half of the core attention) + 6·h·V."""
+    h, n, L = spec.hidden_size, spec.num_heads, spec.num_layers
+    qk, rope, v = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+    dense, moe = spec.dense_layers, L - spec.dense_layers
+    mlp = (
+        12
+        * h
+        * 1.5
+        * (
+            spec.ffn_hidden_size * dense
+            + spec.moe_ffn_hidden_size * (spec.experts_per_token + spec.shared_experts) * moe
+        )
+    )
+    attn = (
+        6
+        * L
+        * (
+            spec.q_lora_rank * (h + n * (qk + rope) + 1)
+            + spec.kv_lora_rank * (h + n * (qk + v) + 1)
+            + h * rope
+            + n * v * h
+            + seq * n * (qk + rope) / 2
+            + seq * n * v / 2
+        )
+    )
+    return mlp + attn + 6 * h * spec.vocab_size
+
+
+def test_deepseek_v3_on_gb200_before_and_after_the_stack_was_tuned():
+    """Megatron-LM's GB200 guide (holdout, never fitted to): DeepSeek-V3 MXFP8 on 256 GB200, one
+    layout, 494 TFLOPS/GPU before Megatron-Core's kernel, dispatcher and CUDA-graph work and 970
+    after. The step times follow from the printed TFLOPS by Megatron's own FLOP count; the model,
+    given the stack name and the printed facts, predicts the tuned row within 20% and cannot tell
+    the two apart (what changed is not a fact a planner gives)."""
+    runs, _ = load_published_runs(HOLDOUT_CSV)
+    pair = [r for r in runs if r.source_id == "megatron-lm-dsv3-gb200"]
+    assert len(pair) == 2
+    spec = pair[0].model.spec
+    per_token = float(_megatron_mla_flops_per_token(spec, 4096.0))
+    assert per_token == pytest.approx(249.812e9, rel=1e-5)
+    for r, tflops in zip(pair, (494.46, 970.01), strict=True):
+        secs = 2048 * 4096 * per_token / (tflops * 1e12 * 256)
+        assert r.measured_step_s == pytest.approx(secs, abs=5e-5)  # as the CSV rounds it
+    df = evaluate_runs(pair)
+    base, tuned = df.predicted_s
+    assert abs(tuned / pair[1].measured_step_s - 1.0) < 0.20, df[["label", "error_pct"]]
+    assert abs(base / tuned - 1.0) < 0.05  # measured: 1.96x apart
+    assert pair[0].measured_step_s / pair[1].measured_step_s == pytest.approx(970.01 / 494.46, 1e-4)

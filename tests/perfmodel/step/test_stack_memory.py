@@ -19,6 +19,7 @@ from perfmodel import load_hardware, make_strategy, step_time
 from perfmodel.search.evaluate import compile_options
 from perfmodel.specs.choices import RecomputeModule
 from perfmodel.specs.model import attention_shape, model_from_dict
+from perfmodel.specs.stack_preset import load_stack
 from perfmodel.specs.validate import strategy_from_knobs
 from perfmodel.step.memory import memory_per_device, stage_activation_bytes, stage_params_split
 from simbase.errors import AisimError
@@ -82,6 +83,34 @@ def test_param_remainders_only_complete_bf16_weights(dtype):
             num_layers=4, num_heads=8, num_kv_heads=2, num_gpus=1, dtype=dtype,
             param_remainders=True,
         )  # fmt: skip
+
+
+# -- bf16_moments (Megatron-Core's precision-aware optimizer) ----------------------------------
+
+
+@pytest.mark.parametrize("dtype, state", [("bf16", 12.0), ("fp8", 12.0), ("fp32", 8.0)])
+def test_bf16_moments_save_four_bytes_per_parameter_by_hand(dtype, state):
+    m = _m()
+    kw = dict(dp=4, zero_stage=1, dtype=dtype)
+    a = memory_per_device(m, _s(**kw))
+    b = memory_per_device(m, _s(bf16_moments=True, **kw))
+    p = float(sum(stage_params_split(m, _s(**kw).layout)))
+    # Adam's momentum and variance: 4 + 4 bytes -> 2 + 2, sharded by ZeRO-1 like the rest
+    assert float(a.optimizer_bytes) == pytest.approx(state * p / 4)
+    assert float(b.optimizer_bytes) == pytest.approx((state - 4.0) * p / 4)
+    assert float(a.weights_bytes + a.gradients_bytes) == float(b.weights_bytes + b.gradients_bytes)
+    # with the fp32 master kept as remainders too: 2 + 2 + 2, the Bridge MoE recipes' 6 bytes
+    both = memory_per_device(m, _s(bf16_moments=True, param_remainders=True, dp=4, zero_stage=1))
+    assert float(both.optimizer_bytes) == pytest.approx(6.0 * p / 4)
+
+
+def test_megatron_core_keeps_bf16_moments_for_expert_parallel_runs_only():
+    core, nemo = load_stack("megatron-core"), load_stack("megatron-core@nemo")
+    rule = next(r for r in core.rules if r.knob == "bf16_moments")
+    assert rule.value({"ep": 8}) and not rule.value({"ep": 1})
+    assert all(r.knob != "bf16_moments" for r in nemo.rules) and not nemo.base.bf16_moments
+    for name in ("torchtitan", "pytorch-fsdp", "deepspeed"):
+        assert not load_stack(name).base.bf16_moments, name
 
 
 # -- fsdp_fp32_params (PyTorch FSDP: the sharded parameter is the fp32 master) ---------------
