@@ -14,7 +14,10 @@ iteration count that goes back), the warm-up is dropped; lines that report skipp
 iterations, or a global batch size other than the configured one (batch-size ramp-up), are left
 out; the same iteration printed by several ranks counts once (the first rank that printed one).
 Starts with the same configuration are pooled into one row; another configuration is another
-row. A line wrapped by a terminal (no ``number of nan iterations`` yet) is joined to the next.
+row. Besides the layout, batch, model and precision, the block gives the stack behaviours the
+run used: gradient overlap, the MoE dispatcher and its overlap, the FP8 recipe, the gradient
+reduction dtype and the optimizer's precision (:func:`_optimizer_precision`); a behaviour the
+block does not print is left to the stack's default. A line wrapped by a terminal (no ``number of nan iterations`` yet) is joined to the next.
 """
 
 from __future__ import annotations
@@ -85,11 +88,20 @@ _DIRECT = {
 # unset, they leave the behaviour to the stack or the model preset: Megatron-Core picks
 # Transformer Engine's fused attention without --use-flash-attn
 _TURNS_ON = ("use_flash_attn",)
+# Stack behaviours the arguments block prints under a registry alias of the knob, read as
+# printed (on or off, or the named choice): they are what this run did, whatever its stack's
+# recipe default (Megatron-Core prints every argument, so a present name is a fact)
+_BEHAVIOURS = (
+    "overlap_grad_reduce", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
+    "fp8_recipe",
+)  # fmt: skip
 # The configuration that decides whether two starts measured the same thing.
 _IDENTITY = tuple(_DIRECT) + (
     "num_query_groups", "group_query_attention", "recompute_granularity", "bf16", "fp16", "fp8",
     "use_distributed_optimizer", "virtual_pipeline_model_parallel_size",
     "num_layers_per_virtual_pipeline_stage", "recompute_method", "recompute_num_layers",
+    *_BEHAVIOURS, "accumulate_allreduce_grads_in_fp32", "use_precision_aware_optimizer",
+    "exp_avg_dtype", "store_param_remainders",
 )  # fmt: skip
 
 
@@ -261,8 +273,32 @@ def _config(b: RowBuilder, args: Mapping[str, tuple[Any, int]]) -> None:
     for flag in _TURNS_ON:
         if arg(flag):
             b.put(ALIAS_OF[flag], True, line(flag))
+    for name in _BEHAVIOURS:
+        if arg(name) is not None:
+            b.put(ALIAS_OF[name], arg(name), line(name))
+    _optimizer_precision(b, arg, line)
     if arg("num_experts") is None and "num_experts" in args:
         b.put("num_experts", 0, line("num_experts"))
+
+
+def _optimizer_precision(b: RowBuilder, arg, line) -> None:
+    """Gradient reduction dtype and Adam's state precision, as validate_args left them: fp32
+    reduction (``accumulate_allreduce_grads_in_fp32``), and, with the precision-aware optimizer,
+    2-byte moments (``exp_avg_dtype`` bf16 or fp16) and the fp32 master stored as 16-bit
+    remainders of bf16 weights (``store_param_remainders`` with fp32 ``main_params_dtype``;
+    megatron/core/optimizer/optimizer_config.py); without it, fp32 master and moments."""
+    if arg("accumulate_allreduce_grads_in_fp32") is not None:
+        fp32 = bool(arg("accumulate_allreduce_grads_in_fp32"))
+        b.put("grad_reduce_fp32", "fp32" if fp32 else "bf16",
+              line("accumulate_allreduce_grads_in_fp32"))  # fmt: skip
+    if arg("use_precision_aware_optimizer") is None:
+        return
+    aware, at = bool(arg("use_precision_aware_optimizer")), line("use_precision_aware_optimizer")
+    moments = str(arg("exp_avg_dtype") or "")
+    b.put("bf16_moments", aware and moments.endswith("16"), line("exp_avg_dtype") or at)
+    master32 = str(arg("main_params_dtype") or "float32").endswith("float32")
+    remainders = aware and bool(arg("store_param_remainders")) and bool(arg("bf16")) and master32
+    b.put("param_remainders", remainders, line("store_param_remainders") or at)
 
 
 def _derive(b: RowBuilder) -> None:

@@ -457,12 +457,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "moe_dispatch", "stack", MoeDispatch, MoeDispatch.ALLTOALL,
         "MoE token dispatcher: alltoall, allgather or flex (DeepEP).",
-        applies=lambda k: k["ep"] > 1,
+        aliases=("moe_token_dispatcher_type",), applies=lambda k: k["ep"] > 1,
     ),
     Knob(
         "moe_overlap", "stack", bool, False,
         "Overlap the MoE token dispatch and combine with compute.",
-        applies=lambda k: k["ep"] > 1,
+        aliases=("overlap_moe_expert_parallel_comm",), applies=lambda k: k["ep"] > 1,
     ),
     Knob(
         "cp_comm", "stack", CpComm, CpComm.P2P,

@@ -74,7 +74,7 @@ def test_several_logs_of_several_formats_in_one_call():
 def test_table_names_the_runs():
     r = _import(MEGATRON, env={"COLUMNS": "100"})
     assert r.exit_code == 0, r.output
-    assert "1 run from 1 log" in r.stdout and "megatron_gpt_tp2_pp2.log:L7-L115" in r.stdout
+    assert "1 run from 1 log" in r.stdout and "megatron_gpt_tp2_pp2.log:L5-L115" in r.stdout
     assert all(len(line) <= 100 for line in r.stdout.splitlines())
 
 

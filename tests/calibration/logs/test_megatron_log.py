@@ -77,6 +77,51 @@ def test_provenance_names_lines(fixture_path):
     )
 
 
+def _with_args(text: str, **args) -> str:
+    """The fixture with these arguments printed in its blocks, Megatron's way (sorted names)."""
+    lines = "".join(f"[rank0]:  {k} {'.' * (48 - len(k))} {v}\n" for k, v in args.items())
+    return text.replace("[rank0]:  adam_beta1 ", lines + "[rank0]:  adam_beta1 ")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # NVIDIA's MoE recipes: the precision-aware optimizer with bf16 moments (remainders of
+        # the bf16 weights as master), DeepEP, the 1F1B EP overlap, bf16 gradient reduction
+        (
+            dict(accumulate_allreduce_grads_in_fp32=False, exp_avg_dtype="torch.bfloat16",
+                 main_params_dtype="torch.float32", moe_token_dispatcher_type="flex",
+                 overlap_grad_reduce=False, overlap_moe_expert_parallel_comm=True,
+                 store_param_remainders=True, use_precision_aware_optimizer=True),
+            dict(grad_reduce_fp32="bf16", bf16_moments=True, param_remainders=True,
+                 moe_dispatch="flex", dp_overlap=False, moe_overlap=True),
+        ),
+        # Megatron-Core's defaults print store_param_remainders True and fp32 moments: without
+        # the precision-aware optimizer neither applies
+        (
+            dict(accumulate_allreduce_grads_in_fp32=True, exp_avg_dtype="torch.float32",
+                 moe_token_dispatcher_type="alltoall", overlap_grad_reduce=True,
+                 store_param_remainders=True, use_precision_aware_optimizer=False),
+            dict(grad_reduce_fp32="fp32", bf16_moments=False, param_remainders=False,
+                 moe_dispatch="alltoall", dp_overlap=True, moe_overlap=None),
+        ),
+    ],
+)  # fmt: skip
+def test_stack_behaviours_from_the_arguments_block(fixture_path, tmp_path, args, expected):
+    text = fixture_path(LOG).read_text().replace("  accumulate_allreduce_grads_in_fp32 ", "  x ")
+    text = text.replace("  overlap_grad_reduce ", "  y ")  # printed by the fixture: re-printed
+    (row,) = megatron.parse(_with_args(text, **args), "m.log", {}, None)
+    for key, value in expected.items():
+        assert row.get(key) == value, (key, row.get(key))
+    # a line of the block is the provenance of each
+    assert row["provenance"].count("bf16_moments=L") == 1
+    # and the measurement table holds them as the registry reads them
+    (tmp_path / "moe.log").write_text(_with_args(text, **args))
+    got = _row(tmp_path / "moe.log")
+    assert bool(got["bf16_moments"]) == expected["bf16_moments"]
+    assert got["moe_dispatch"] == expected["moe_dispatch"]
+
+
 def test_wrapped_line_is_joined():
     text = (
         " iteration       10/     100 | consumed samples: 320 | elapsed time per it\n"
