@@ -17,7 +17,8 @@ Starts with the same configuration are pooled into one row; another configuratio
 row. Besides the layout, batch, model and precision, the block gives the stack behaviours the
 run used: gradient overlap, the MoE dispatcher and its overlap, the FP8 recipe, the gradient
 reduction dtype and the optimizer's precision (:func:`_optimizer_precision`); a behaviour the
-block does not print is left to the stack's default. A line wrapped by a terminal (no ``number of nan iterations`` yet) is joined to the next.
+block does not print is left to the stack's default. A line wrapped by a terminal (no ``number
+of nan iterations`` yet) is joined to the next.
 """
 
 from __future__ import annotations

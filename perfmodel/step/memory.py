@@ -6,9 +6,10 @@ and variance, and a gradient of 2 bytes, or 4 when gradients are accumulated and
 Rajbhandari et al. 2020 §3.1 count 16); fp32 training takes 4 + 4 + 8. With
 ``param_remainders`` the fp32 master copy of bf16 weights is stored as its 16 missing low-order
 bits (10 bytes of optimizer state, not 12: Apex's DistributedFusedAdam, NeMo's default for bf16
-weights); with ``bf16_moments`` Adam's momentum and variance take 2 bytes each (4 fewer). With ``fsdp_fp32_params`` ZeRO-3's sharded parameters are themselves the fp32 master
-(PyTorch FSDP), so no sharded 16-bit copy is kept and the sharded gradients are fp32: 16 bytes
-per parameter over the shard group. FP8 training keeps an extra 1-byte copy of the weights
+weights); with ``bf16_moments`` Adam's momentum and variance take 2 bytes each (4 fewer). With
+``fsdp_fp32_params`` ZeRO-3's sharded parameters are themselves the fp32 master (PyTorch FSDP),
+so no sharded 16-bit copy is kept and the sharded gradients are fp32: 16 bytes per parameter
+over the shard group. FP8 training keeps an extra 1-byte copy of the weights
 (Transformer Engine), or, with the distributed optimizer, the weights in FP8 only (Megatron-Core's
 ``--fp8-param-gather``); FP4 likewise at 4 bits plus block scales; the recipe sets the bytes
 (:mod:`perfmodel.step.recipes`).

@@ -61,9 +61,9 @@ FIRST = dict(
     sequence_parallel=True, dtype="fp8", dp_overlap=False, fused_attention=True,
     attention_kernel="fa2", eager=True, logit_bytes=12.0, tp_overlap=True,
     grad_reduce_fp32=False, param_remainders=False, bf16_moments=True, fsdp_reshard=False,
-    fsdp_step_gather=True,
-    fsdp_fp32_params=True, recompute_modules="mlp", moe_dispatch="allgather", moe_overlap=True,
-    cp_comm="allgather", fp8_recipe="tensorwise", dp_bucket_size=5e8,
+    fsdp_step_gather=True, fsdp_fp32_params=True, recompute_modules="mlp",
+    moe_dispatch="allgather", moe_overlap=True, cp_comm="allgather", fp8_recipe="tensorwise",
+    dp_bucket_size=5e8,
 )  # fmt: skip
 # the knobs that need another strategy to leave their default (bf16, full recomputation)
 SECOND = dict(
