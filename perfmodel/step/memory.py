@@ -28,7 +28,11 @@ recomputation drops the ``s²`` tensors and what its ``recompute_modules`` disca
 (:mod:`perfmodel.step.recompute`), full recomputation keeps the layer input of ``recompute_
 layers`` layers (all by default) and, in the backward, the activations of the one layer being
 recomputed (the larger of that and the loss's logits, which are freed before it). The first
-pipeline stage holds ``pp`` microbatches in flight under 1F1B (``(1 + (p-1)/(p·v))`` times that when interleaved, §4.2.3) and all ``m`` under GPipe.
+pipeline stage holds ``pp`` microbatches in flight under 1F1B (``(1 + (p-1)/(p·v))`` times that
+when interleaved, §4.2.3) and all ``m`` under GPipe; the second one microbatch fewer (two
+chunks fewer when interleaved). Where ``pp`` does not divide the layers the first stage is the
+lighter one (Megatron-Core's uneven split), and the device that peaks is whichever of the two
+holds more.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ from perfmodel.step.workload import stores_scores
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per device on the most loaded (first) pipeline stage."""
+    """Bytes per device on the pipeline stage that peaks highest (usually the first)."""
 
     weights_bytes: Float[Array, ""]
     gradients_bytes: Float[Array, ""]
@@ -103,24 +107,62 @@ def stage_moe_layers(m: ModelSpec, n_layers) -> Float[Array, ""]:
 
 
 def stage_params_split(m: ModelSpec, lay: Layout) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """(non-expert, routed-expert) parameters on one device of the first stage: layers and
+    """(non-expert, routed-expert) parameters on one device of the busiest stage (its
+    ``ceil(L/pp)`` layers with the embedding, as the gradient reduction counts them): layers and
     embeddings split over tp, each MoE layer's routed experts over ep·etp."""
-    n = layers_per_stage(m, lay)
+    return _stage_params(m, lay, _busiest_stage(m, lay))
+
+
+class _PipelineStage(NamedTuple):
+    """One pipeline stage as memory counts it."""
+
+    layers: Float[Array, ""]
+    moe_layers: Float[Array, ""]
+    embedding: bool  # the first stage (the input embedding; alone, the head too)
+    rank: int  # its pipeline rank: sets the microbatches in flight
+
+
+def _memory_stages(m: ModelSpec, lay: Layout) -> tuple[_PipelineStage, _PipelineStage]:
+    """The first stage and the second (a middle one, or the last of two): the device peaks on
+    whichever holds more (:func:`memory_per_device`).
+
+    With an uneven split (:func:`end_stage_layers`) the first stage has fewer layers than the
+    middle ones but one more microbatch in flight; the dense layers of a model that starts
+    with some (DeepSeek-V3's three) sit on the first stage.
+    """
+    first, last = end_stage_layers(m, lay)
+    second = where(lay.pp > 2, layers_per_stage(m, lay), last)
+    moe_first = moe_second = jnp.zeros(())
+    if m.moe:
+        dense_layers = m.num_layers - moe_layer_count(m)
+        moe_first = jnp.clip(first - dense_layers, 0.0, first)
+        moe_second = second - jnp.clip(dense_layers - first, 0.0, second)
+    return (
+        _PipelineStage(first, moe_first, True, 0),
+        _PipelineStage(second, moe_second, False, 1),
+    )
+
+
+def _stage_params(m: ModelSpec, lay: Layout, stage: _PipelineStage):
+    """(non-expert, routed-expert) parameters on one device of ``stage``."""
+    n = stage.layers
+    embed = embedding_params(m) if stage.embedding else 0.0
     if m.kind == "mlp":
         return n * layer_params(m) / lay.tp, jnp.zeros(())
     mlp_dense = dense_layer_params(m)
     if m.moe:
-        n_moe = stage_moe_layers(m, n)
+        n_moe = stage.moe_layers
         routed_all = m.num_experts * expert_params(m)
         moe_non_routed = mlp_dense - _dense_mlp(m) + m.hidden_size * m.num_experts
         moe_non_routed = moe_non_routed + m.shared_experts * expert_params(m)
-        dense = (n - n_moe) * mlp_dense + n_moe * moe_non_routed + embedding_params(m)
+        dense = (n - n_moe) * mlp_dense + n_moe * moe_non_routed + embed
         experts = n_moe * routed_all / (lay.ep * lay.etp)
     else:
-        dense = n * mlp_dense + embedding_params(m)
+        dense = n * mlp_dense + embed
         experts = jnp.zeros(())
-    # with a single stage the output head (if untied) and final norm live here too
-    dense = dense + where(lay.pp <= 1, head_params(m), 0.0)
+    if stage.embedding:
+        # with a single stage the output head (if untied) and final norm live here too
+        dense = dense + where(lay.pp <= 1, head_params(m), 0.0)
     return dense / lay.tp, experts
 
 
@@ -247,38 +289,65 @@ class _StageActivations(NamedTuple):
     working: Float[Array, ""]  # what full recomputation adds at its peak
 
 
-def _stage_activations(m: ModelSpec, s: Strategy) -> _StageActivations:
-    """Activations one microbatch leaves on the busiest stage (dense and MoE layers, with
-    ``recompute_layers`` of them recomputed under full recomputation; 0: all), and the working
-    set of full recomputation (:func:`recompute_working_bytes`)."""
-    lay, mem = s.layout, s.memory
+def _busiest_stage(m: ModelSpec, lay: Layout) -> _PipelineStage:
+    """``ceil(L/pp)`` layers, as many MoE ones as there are, counted as the first stage."""
     n = layers_per_stage(m, lay)
+    return _PipelineStage(n, stage_moe_layers(m, n), True, 0)
+
+
+class _LayerActivations(NamedTuple):
+    """One layer's activation bytes for one microbatch, dense and MoE: what the strategy's
+    recomputation keeps, and what it would keep without recomputation."""
+
+    dense_kept: Float[Array, ""]
+    dense_all: Float[Array, ""]
+    moe_kept: Float[Array, ""]
+    moe_all: Float[Array, ""]
+
+
+def _layer_activations(m: ModelSpec, s: Strategy) -> _LayerActivations:
     dense_kept, dense_all = _activation_bytes(m, s, False)
+    if m.kind == "transformer" and m.moe:
+        moe_kept, moe_all = _activation_bytes(m, s, True)
+    else:
+        moe_kept = moe_all = jnp.zeros(())
+    return _LayerActivations(dense_kept, dense_all, moe_kept, moe_all)
+
+
+def _stage_activations(
+    m: ModelSpec, s: Strategy, stage: _PipelineStage, per: _LayerActivations | None = None
+) -> _StageActivations:
+    """Activations one microbatch leaves on ``stage`` (dense and MoE layers, with
+    ``recompute_layers`` of them recomputed under full recomputation; 0: all), and the working
+    set of full recomputation (:func:`recompute_working_bytes`), from the layers' bytes
+    ``per`` (computed here when not given)."""
+    mem = s.memory
+    per = _layer_activations(m, s) if per is None else per
+    n = stage.layers
     full = mem.recompute == Recompute.FULL
     partial = full & (mem.recompute_layers > 0)
     k = where(partial, jnp.minimum(mem.recompute_layers, n), n)
     if m.kind != "transformer":
-        return _StageActivations(k * dense_kept + (n - k) * dense_all, jnp.zeros(()))
+        return _StageActivations(k * per.dense_kept + (n - k) * per.dense_all, jnp.zeros(()))
     if not m.moe:
         # dense layers only: k recomputed, the rest kept whole
-        kept = k * dense_kept + (n - k) * dense_all
-        layer = jnp.maximum(0.0, where(n > 0.0, dense_all, 0.0))
+        kept = k * per.dense_kept + (n - k) * per.dense_all
+        layer = jnp.maximum(0.0, where(n > 0.0, per.dense_all, 0.0))
         return _StageActivations(kept, where(full, layer, 0.0))
-    n_moe = stage_moe_layers(m, n)
-    moe_kept, moe_all = _activation_bytes(m, s, True)
+    n_moe = stage.moe_layers
     # the dense layers come first, so they are the first recomputed
     k_dense = jnp.minimum(k, n - n_moe)
     k_moe = k - k_dense
-    dense = k_dense * dense_kept + (n - n_moe - k_dense) * dense_all
-    moe = k_moe * moe_kept + (n_moe - k_moe) * moe_all
-    layer = jnp.maximum(where(n_moe > 0, moe_all, 0.0), where(n > n_moe, dense_all, 0.0))
+    dense = k_dense * per.dense_kept + (n - n_moe - k_dense) * per.dense_all
+    moe = k_moe * per.moe_kept + (n_moe - k_moe) * per.moe_all
+    layer = jnp.maximum(where(n_moe > 0, per.moe_all, 0.0), where(n > n_moe, per.dense_all, 0.0))
     return _StageActivations(dense + moe, where(full, layer, 0.0))
 
 
 def stage_activation_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     """Activations one microbatch leaves on the busiest stage: dense and MoE layers, with
     ``recompute_layers`` of them recomputed under full recomputation (0: all)."""
-    return _stage_activations(m, s).kept
+    return _stage_activations(m, s, _busiest_stage(m, s.layout)).kept
 
 
 def recompute_working_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
@@ -288,14 +357,17 @@ def recompute_working_bytes(m: ModelSpec, s: Strategy) -> Float[Array, ""]:
     recomputation, where every kept tensor is already counted. Chen et al. 2016 (arXiv:
     1604.06174, §3) count the same peak for checkpointed training: the checkpoints plus the
     one segment being recomputed."""
-    return _stage_activations(m, s).working
+    return _stage_activations(m, s, _busiest_stage(m, s.layout)).working
 
 
-def in_flight_microbatches(lay: Layout, bat: Batching) -> Float[Array, ""]:
-    """Microbatches whose activations the first stage holds at its peak, by schedule."""
+def in_flight_microbatches(lay: Layout, bat: Batching, rank: int = 0) -> Float[Array, ""]:
+    """Microbatches whose activations pipeline rank ``rank`` holds at its peak, by schedule:
+    ``pp - r`` under 1F1B (its warm-up forwards plus one), ``pp·(1 + (pp-1-2r)/(pp·v))`` when
+    interleaved (Megatron-Core's ``(pp-r-1)·2 + (v-1)·pp`` warm-up chunks plus one, over v
+    chunks), all ``m`` under GPipe; never more than the step's microbatches."""
     pp, mb, v = lay.pp, bat.num_microbatches, bat.interleave
-    one_f_one_b = jnp.minimum(pp, mb)
-    interleaved = one_f_one_b * (1.0 + (pp - 1.0) / (pp * v))
+    one_f_one_b = jnp.minimum(pp - rank, mb)
+    interleaved = jnp.minimum(pp, mb) * (1.0 + (pp - 1.0 - 2.0 * rank) / (pp * v))
     gpipe = mb
     return where(
         pp <= 1,
@@ -342,29 +414,26 @@ def _low_precision_weights(s: Strategy, w_b, p):
     return w_b, fp8_copy
 
 
-def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
-    """Weights, gradients and optimizer state per device of the first stage
-    (:func:`memory_per_device`)."""
-    lay, mem, stack = s.layout, s.memory, s.stack
-    dense, experts = stage_params_split(m, lay)
-    p = dense + experts
+class _StateBytes(NamedTuple):
+    """Bytes per parameter of the model states and how they are sharded, for any stage."""
+
+    weights: Float[Array, ""]  # sharded (or whole) weights
+    gathered: Float[Array, ""]  # weights a ZeRO-3 rank holds gathered
+    low_precision_copy: Float[Array, ""]  # an extra FP8/FP4 copy
+    grads: Float[Array, ""]  # sharded (or whole) gradients
+    unsharded_grads: Float[Array, ""]  # gradients kept whole across the step (FSDP2 no-sync)
+    optimizer: Float[Array, ""]
+
+
+def _state_bytes(s: Strategy) -> _StateBytes:
+    """Bytes per parameter of each model state (:func:`_model_states`)."""
+    mem, stack = s.memory, s.stack
     w_b, _, o_b = model_state_bytes_per_param(mem.dtype)
     g_b = grad_bytes_per_param(s)
-    z = mem.zero_stage
-    group, edp = shard_group(lay, mem), expert_data_parallel(lay)
-
-    def sharded(nbytes, stage):
-        return where(z >= stage, dense * nbytes / group + experts * nbytes / edp, p * nbytes)
-
-    zero3 = z == ZeroStage.PARAMETERS
-    layer_w = p / jnp.maximum(layers_per_stage(m, lay), 1.0)
-    # the whole stage stays gathered without resharding, or across microbatches (step gather)
-    step_gather = behaviour(s, "fsdp_step_gather")
-    whole = either(negate(behaviour(s, "fsdp_reshard")), step_gather)
-    gathered = where(whole, p, 2.0 * layer_w) * w_b
-    fp8_copy = 0.0
+    gathered = w_b
+    low_copy = 0.0
     if s.scope.fp8:
-        w_b, fp8_copy = _low_precision_weights(s, w_b, p)
+        w_b, low_copy = _low_precision_weights(s, w_b, 1.0)
     if stack.param_remainders:
         # master weights kept as the 16 low-order bits the bf16 weights lack (Apex/TE
         # ``store_param_remainders``): 2 bytes of the 12 instead of 4
@@ -373,6 +442,7 @@ def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
         # Adam's momentum and variance in bf16 (Megatron-Core's precision-aware optimizer,
         # ``exp_avg_dtype``/``exp_avg_sq_dtype``): 2 + 2 bytes of the 12 instead of 4 + 4
         o_b = o_b - 4.0
+    zero3 = mem.zero_stage == ZeroStage.PARAMETERS
     g_sharded = g_b
     fp32_params = behaviour(s, "fsdp_fp32_params")
     if not is_off(fp32_params):
@@ -382,20 +452,51 @@ def _model_states(m: ModelSpec, s: Strategy) -> _ModelStates:
         fsdp32 = both(zero3 & (o_b > 8.0), fp32_params)
         w_b = where(fsdp32, 0.0, w_b)
         g_sharded = where(fsdp32, 4.0, g_b)
-    weights = sharded(w_b, ZeroStage.PARAMETERS) + where(zero3, gathered, 0.0) + fp8_copy
-    grads = sharded(g_sharded, ZeroStage.GRADIENTS)
+    unsharded = 0.0
+    step_gather = behaviour(s, "fsdp_step_gather")
     if not is_off(step_gather):
         # gradients accumulated unsharded across the step's microbatches (FSDP2 no-sync: in
         # the reduce dtype), reduce-scattered once
-        grads = grads + where(both(zero3, step_gather), p * g_b, 0.0)
-    return _ModelStates(weights, grads, sharded(o_b, ZeroStage.OPTIMIZER))
+        unsharded = where(both(zero3, step_gather), g_b, 0.0)
+    return _StateBytes(w_b, gathered, low_copy, g_sharded, unsharded, o_b)
 
 
-def _peak_activations(m: ModelSpec, s: Strategy):
-    """Activation bytes of the first stage at its peak (:func:`memory_per_device`)."""
+def _model_states(
+    m: ModelSpec, s: Strategy, stage: _PipelineStage, per: _StateBytes | None = None
+) -> _ModelStates:
+    """Weights, gradients and optimizer state per device of ``stage``
+    (:func:`memory_per_device`), from the bytes per parameter ``per`` (computed here when not
+    given)."""
+    lay, mem = s.layout, s.memory
+    per = _state_bytes(s) if per is None else per
+    dense, experts = _stage_params(m, lay, stage)
+    p = dense + experts
+    z = mem.zero_stage
+    group, edp = shard_group(lay, mem), expert_data_parallel(lay)
+
+    def sharded(nbytes, stage):
+        return where(z >= stage, dense * nbytes / group + experts * nbytes / edp, p * nbytes)
+
+    zero3 = z == ZeroStage.PARAMETERS
+    layer_w = p / jnp.maximum(stage.layers, 1.0)
+    # the whole stage stays gathered without resharding, or across microbatches (step gather)
+    step_gather = behaviour(s, "fsdp_step_gather")
+    whole = either(negate(behaviour(s, "fsdp_reshard")), step_gather)
+    gathered = where(whole, p, 2.0 * layer_w) * per.gathered
+    weights = (
+        sharded(per.weights, ZeroStage.PARAMETERS)
+        + where(zero3, gathered, 0.0)
+        + per.low_precision_copy * p
+    )
+    grads = sharded(per.grads, ZeroStage.GRADIENTS) + per.unsharded_grads * p
+    return _ModelStates(weights, grads, sharded(per.optimizer, ZeroStage.OPTIMIZER))
+
+
+def _peak_activations(m: ModelSpec, s: Strategy, stage: _PipelineStage, per: _LayerActivations):
+    """Activation bytes of ``stage`` at its peak (:func:`memory_per_device`)."""
     lay, bat = s.layout, s.batching
-    stage = _stage_activations(m, s)
-    acts = stage.kept * in_flight_microbatches(lay, bat)
+    held = _stage_activations(m, s, stage, per)
+    acts = held.kept * in_flight_microbatches(lay, bat, stage.rank)
     if m.kind == "transformer":
         # the loss's logits at its peak (``logit_bytes`` per logit: 4 for the fused fp32
         # softmax, 4·s·b·V/t, Korthikanti §4.3) when the first stage is also last; they are
@@ -409,13 +510,15 @@ def _peak_activations(m: ModelSpec, s: Strategy):
             * m.vocab_size
             / lay.tp
         )
-        logits = where(lay.pp <= 1, logits, 0.0)
-        acts = acts + jnp.maximum(logits, stage.working)
+        logits = where(lay.pp <= 1, logits, 0.0) if stage.embedding else 0.0
+        acts = acts + jnp.maximum(logits, held.working)
     return acts
 
 
 def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
-    """Bytes per device of the first pipeline stage (the peak), by part.
+    """Bytes per device of the pipeline stage that peaks highest, by part: the first (the
+    embedding and the most microbatches in flight) or, when ``pp`` does not divide the layers
+    and the first stage is lighter (:func:`end_stage_layers`), the second.
 
     Model states per parameter from :func:`model_state_bytes_per_param` and
     :func:`grad_bytes_per_param`, each divided by its shard group once ZeRO partitions it
@@ -434,8 +537,17 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
     Returns:
       A :class:`MemoryBreakdown` in bytes.
     """
-    states = _model_states(m, s)
-    acts = _peak_activations(m, s)
+    per_layer, per_param = _layer_activations(m, s), _state_bytes(s)
+    first, second = (
+        _stage_memory(m, s, stage, per_layer, per_param) for stage in _memory_stages(m, s.layout)
+    )
+    use_second = (s.layout.pp > 1) & (second.total_bytes > first.total_bytes)
+    return jax.tree_util.tree_map(lambda a, b: where(use_second, b, a), first, second)
+
+
+def _stage_memory(m, s, stage, per_layer, per_param) -> MemoryBreakdown:
+    states = _model_states(m, s, stage, per_param)
+    acts = _peak_activations(m, s, stage, per_layer)
     total = states.weights + states.grads + states.optimizer + acts
     return MemoryBreakdown(
         weights_bytes=states.weights,
