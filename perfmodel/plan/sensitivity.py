@@ -307,26 +307,37 @@ def estimate_or_best(
     model, hardware, consts, knobs, given, *, cost_model="aisim", stack=None, gpus_per_node=None
 ) -> tuple[Estimate, bool]:
     """:func:`estimate` of ``knobs`` (the user's ``given`` over a caller's defaults, or None:
-    all the user's), and False; where the defaults' layout is what fails (tp 8 x pp 8 on 8 GPUs)
-    and ``given`` has no layout, the estimate of the grid's best strategy with ``given`` fixed
-    (:func:`grid_best`), its ``auto`` naming what the search chose, and True."""
+    all the user's), and False; where ``given`` has no layout and the defaults' layout is what
+    fails (tp 8 x pp 8 on 8 GPUs, or a stack's FSDP over every GPU for a model that does not fit
+    that way), the estimate of the grid's best strategy with ``given`` fixed (:func:`grid_best`),
+    its ``auto`` naming what the search chose, and True."""
+    searchable = given is not None and not set(LAYOUT) & set(given)
     try:
         per_node = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
         est = estimate(
             model, hardware, constants=consts, cost_model=cost_model, stack=stack,
             **per_node, **knobs,
         )  # fmt: skip
-        return est, False
+        if not searchable or bool(est.breakdown.fits_memory):
+            return est, False
+        failed = None
     except AisimError as e:
-        if given is None or e.field not in LAYOUT or set(LAYOUT) & set(given):
+        if not searchable or e.field not in LAYOUT:
             raise
         failed = e
     fixed = {k: v for k, v in given.items() if k not in ("num_gpus", "global_batch_size")}
-    best = grid_best(
-        model, hardware, consts, knobs["num_gpus"], knobs["global_batch_size"], fixed,
-        cost_model=cost_model, stack=stack, gpus_per_node=gpus_per_node,
-    )  # fmt: skip
+    try:
+        best = grid_best(
+            model, hardware, consts, knobs["num_gpus"], knobs["global_batch_size"], fixed,
+            cost_model=cost_model, stack=stack, gpus_per_node=gpus_per_node,
+        )  # fmt: skip
+    except AisimError:
+        if failed is not None:
+            raise
+        best = None  # no layout fits either: the defaults' estimate says by how much
     if best is None:
+        if failed is None:
+            return est, False
         raise failed
     est = estimate_row(best, model, hardware, consts)
     chosen = {k: best[k] for k in SEARCHED if k in best and k not in given}

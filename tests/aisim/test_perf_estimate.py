@@ -425,3 +425,26 @@ def test_without_a_layout_a_model_the_default_layout_cannot_take_gets_the_grids_
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert (doc["tp"], doc["pp"], doc["dp"]) == (1, 2, 4) and "tp" not in doc["auto"]
+
+
+def test_an_fsdp_stack_without_a_layout_shards_over_every_gpu_and_searches_where_that_fails():
+    # plain FSDP trainers and torchtitan default to no tensor or pipeline parallelism: a run
+    # named by its stack and GPU count is FSDP over all of them, not the default run's tp 8 x pp 8
+    common = ("--hardware", "a100-80gb", "--gpus", "64", "--global-batch", "512", "--json")
+    r = run("perf", "estimate", "--model", "llama2-70b", "--seq-len", "4096", *common,
+            "--stack", "pytorch-fsdp")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert (doc["dp"], doc["tp"], doc["pp"], doc["zero_stage"]) == (64, 1, 1, 3)
+    assert doc["feasible"] and "tp" not in doc["auto"]
+    # torchtitan's FSDP over 256 H100 cannot hold Llama 3 70B at 8K with its selective
+    # recomputation: with no layout given, the estimate is the grid's best, which fits
+    common = ("--hardware", "h100-sxm", "--gpus", "256", "--global-batch", "256")
+    r = run("perf", "estimate", "--model", "llama3-70b", *common, "--stack", "torchtitan",
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    fsdp = run("perf", "estimate", "--model", "llama3-70b", *common, "--stack", "torchtitan",
+               "--tp", "1", "--json")  # fmt: skip
+    assert not json.loads(fsdp.output)["feasible"]
+    assert doc["feasible"] and doc["tp"] * doc["pp"] > 1 and doc["auto"]["tp"] == doc["tp"]
