@@ -437,6 +437,12 @@ def test_an_fsdp_stack_without_a_layout_shards_over_every_gpu_and_searches_where
     doc = json.loads(r.output)
     assert (doc["dp"], doc["tp"], doc["pp"], doc["zero_stage"]) == (64, 1, 1, 3)
     assert doc["feasible"] and "tp" not in doc["auto"]
+    # none of these trainers pipelines (accelerate's ParallelismConfig has no pp): a grid under
+    # the stack searches pp 1 only, where torchtitan's crosses pp
+    grid = ("perf", "grid", "--model", "llama2-70b", "--seq-len", "4096", *common, "--top", "50")
+    top = json.loads(run(*grid, "--stack", "pytorch-fsdp").output)["top"]
+    assert len(top) == 50 and {r["pp"] for r in top} == {1}
+    assert {r["pp"] for r in json.loads(run(*grid, "--stack", "torchtitan").output)["top"]} != {1}
     # torchtitan's FSDP over 256 H100 cannot hold Llama 3 70B at 8K with its selective
     # recomputation: with no layout given, the estimate is the grid's best, which fits
     common = ("--hardware", "h100-sxm", "--gpus", "256", "--global-batch", "256")
