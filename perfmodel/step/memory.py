@@ -462,13 +462,11 @@ def _state_bytes(s: Strategy) -> _StateBytes:
 
 
 def _model_states(
-    m: ModelSpec, s: Strategy, stage: _PipelineStage, per: _StateBytes | None = None
+    m: ModelSpec, s: Strategy, stage: _PipelineStage, per: _StateBytes
 ) -> _ModelStates:
     """Weights, gradients and optimizer state per device of ``stage``
-    (:func:`memory_per_device`), from the bytes per parameter ``per`` (computed here when not
-    given)."""
+    (:func:`memory_per_device`), from the bytes per parameter ``per``."""
     lay, mem = s.layout, s.memory
-    per = _state_bytes(s) if per is None else per
     dense, experts = _stage_params(m, lay, stage)
     p = dense + experts
     z = mem.zero_stage
@@ -546,6 +544,8 @@ def memory_per_device(m: ModelSpec, s: Strategy) -> MemoryBreakdown:
 
 
 def _stage_memory(m, s, stage, per_layer, per_param) -> MemoryBreakdown:
+    """:func:`memory_per_device` of one stage, from the bytes per layer and per parameter that
+    every stage shares."""
     states = _model_states(m, s, stage, per_param)
     acts = _peak_activations(m, s, stage, per_layer)
     total = states.weights + states.grads + states.optimizer + acts
